@@ -1,0 +1,1 @@
+"""Synthetic industrial-scale recommendation models built with torchrec."""

@@ -1,0 +1,1 @@
+"""Optimus: general graph-rewrite rules for recommendation models on PyTorch 2."""
