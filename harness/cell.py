@@ -18,7 +18,9 @@ import copy
 import itertools
 import json
 import math
+import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -226,8 +228,23 @@ def finite(obj: Any) -> Any:
     return obj
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit if the harness that started this cell dies (kill -9 of a run must not leave
+    orphaned cells running, hung ones least of all)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    exit_with_parent()
     if len(args) != 2:
         print("usage: python -m harness.cell SPEC.json OUT.json", file=sys.stderr)
         return 2

@@ -65,7 +65,9 @@ def _optimus() -> Any:
     try:
         import optimus
     except ImportError as e:  # the core is built on another branch; say so instead of crashing
-        raise RuntimeError(f"mode needs the optimus package, which is not importable: {e}") from e
+        raise RuntimeError(f"this mode needs the optimus package, which is not importable: {e}") from e
+    if not hasattr(optimus, "optimize"):
+        raise RuntimeError("this mode needs optimus.optimize, which this checkout's optimus package lacks")
     return optimus
 
 
