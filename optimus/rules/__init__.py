@@ -1,0 +1,33 @@
+"""The rule registry: one table, name -> rule class. Adding a rule = one file + one line here.
+
+Order matters only for tie-breaking: when the cost model rates two candidates equal, the rule
+listed first wins (the driver is deterministic). Cleanup rules run at the start of every round.
+"""
+
+from __future__ import annotations
+
+from .base import Candidate, CleanupRule, Cost, HorizontalRule, LocalRule, Rule
+
+REGISTRY: dict[str, type] = {
+    # horizontal batch fusion
+    # shared-input merge
+    # split/cat family (another file each; add lines here)
+    # cleanup
+}
+
+
+def resolve(names: object) -> list[Rule]:
+    """Instantiate rules by name (None: all). ValueError names unknown ones and lists valid ones."""
+    if names is None:
+        chosen = list(REGISTRY)
+    else:
+        if isinstance(names, str) or not hasattr(names, "__iter__"):
+            raise ValueError(f"rules must be a list of rule names or None, got {names!r}")
+        chosen = list(names)  # type: ignore[call-overload]
+        unknown = [n for n in chosen if n not in REGISTRY]
+        if unknown:
+            raise ValueError(f"unknown rule name(s) {unknown}; valid rules: {sorted(REGISTRY)}")
+    return [REGISTRY[n]() for n in chosen]
+
+
+__all__ = ["REGISTRY", "Candidate", "CleanupRule", "Cost", "HorizontalRule", "LocalRule", "Rule", "resolve"]
