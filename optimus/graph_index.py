@@ -140,3 +140,57 @@ def group_by_key(
         if k is not None:
             buckets.setdefault(k, []).append(node)
     return buckets
+
+
+class CycleError(RuntimeError):
+    """The graph has a dependency cycle (a rewrite went wrong)."""
+
+
+def stable_toposort(graph: fx.Graph, ordered: set[fx.Node]) -> bool:
+    """Reorder ``graph`` topologically, moving as little as possible: each node goes where it is,
+    unless an input comes later, in which case the input (and its inputs) move up. Ordered nodes
+    (effects, mutated values) keep their relative order through chain edges. Returns True if
+    anything moved; raises CycleError on a cycle. O(nodes + edges)."""
+    nodes = list(graph.nodes)
+    chain: dict[fx.Node, fx.Node] = {}
+    last: fx.Node | None = None
+    for node in nodes:
+        if node in ordered or node.op == "output":
+            if last is not None:
+                chain[node] = last
+            last = node
+
+    def deps(node: fx.Node) -> list[fx.Node]:
+        found = node.all_input_nodes
+        return [*found, chain[node]] if node in chain else list(found)
+
+    placed: set[fx.Node] = set()
+    out: list[fx.Node] = []
+    for root in nodes:
+        if root in placed:
+            continue
+        visiting = {root}
+        stack = [(root, iter(deps(root)))]
+        while stack:
+            node, pending = stack[-1]
+            for dep in pending:
+                if dep in placed:
+                    continue
+                if dep in visiting:
+                    raise CycleError(f"cycle through {dep.format_node()}")
+                visiting.add(dep)
+                stack.append((dep, iter(deps(dep))))
+                break
+            else:
+                stack.pop()
+                visiting.discard(node)
+                placed.add(node)
+                out.append(node)
+    if out == nodes:
+        return False
+    if out[0] is not nodes[0]:
+        nodes[0].prepend(out[0])
+    for prev, node in zip(out, out[1:], strict=False):
+        if node.prev is not prev:
+            prev.append(node)
+    return True

@@ -7,12 +7,24 @@ listed first wins (the driver is deterministic). Cleanup rules run at the start 
 from __future__ import annotations
 
 from .base import Candidate, CleanupRule, Cost, HorizontalRule, LocalRule, Rule
+from .batch_layer_norm import BatchLayerNorm
+from .batch_linear import BatchLinear
+from .batch_pointwise import BatchBinary, BatchUnary
+from .cleanup import CommonSubexpression, DeadCode
+from .merge_shared_linear import MergeSharedLinear
 
 REGISTRY: dict[str, type] = {
+    # cleanup (run at the start of every round)
+    "dce": DeadCode,
+    "cse": CommonSubexpression,
+    # shared-input merge (listed before batch_linear: it wins ties on the same linears)
+    "merge_shared_linear": MergeSharedLinear,
     # horizontal batch fusion
-    # shared-input merge
+    "batch_linear": BatchLinear,
+    "batch_layer_norm": BatchLayerNorm,
+    "batch_unary": BatchUnary,
+    "batch_binary": BatchBinary,
     # split/cat family (another file each; add lines here)
-    # cleanup
 }
 
 
