@@ -13,6 +13,7 @@ from torch import fx, nn
 from . import capture, driver
 from .config import OptimusConfig
 from .cost import CostModel
+from .meta import record, value_meta
 from .normalize import lower_modules
 from .report import OptimusReport
 from .verify import Verifier
@@ -91,7 +92,14 @@ def optimize(
     if isinstance(module, fx.GraphModule):
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         gm = capture.copy_graph_module(module)
-        report = optimize_graph_module(gm, cfg, inputs)
+        if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
+            try:
+                record(gm, inputs)
+            except Exception as exc:
+                raise ValueError(
+                    f"example_inputs do not match the GraphModule: {type(exc).__name__}: {exc}"
+                ) from exc
+        report = optimize_graph_module(gm, cfg, inputs if cfg.verify else None)
         report.capture = "graph"
     else:
         inputs = capture.check_inputs(module, example_inputs)
