@@ -1,0 +1,181 @@
+"""PNG plots of a results file (matplotlib, Agg backend: no display needed).
+
+Why these three: latency (with its spread) says what runs faster, compile time and peak
+memory are the other two figures the paper reports. Every plot has a title, axis labels
+with units and a legend; failed cells are left out of the bars and named in the title note.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from harness.results import cell_map
+from harness.spec import MODES, PHASES
+
+COLORS = {
+    "eager": "#9e9e9e",
+    "eager+optimus": "#616161",
+    "compile": "#1f77b4",
+    "compile+peer": "#ff7f0e",
+    "compile+optimus": "#2ca02c",
+}
+
+
+def _layout(doc: dict[str, Any]) -> tuple[list[str], list[str], list[str], str]:
+    keys = list(cell_map(doc))
+    models = list(dict.fromkeys(k.model for k in keys))
+    modes = [m for m in MODES if any(k.mode == m for k in keys)]
+    phases = [p for p in PHASES if any(k.phase == p for k in keys)]
+    scales = sorted({k.scale for k in keys})
+    return models, modes, phases, "/".join(scales)
+
+
+def _grouped_bars(
+    doc: dict[str, Any],
+    value: Any,
+    ylabel: str,
+    title: str,
+    path: Path,
+    *,
+    err: Any = None,
+    log: bool = False,
+    modes_filter: tuple[str, ...] | None = None,
+) -> Path:
+    cells = cell_map(doc)
+    models, modes, phases, scale = _layout(doc)
+    if modes_filter:
+        modes = [m for m in modes if m in modes_filter]
+    fig, axes = plt.subplots(
+        1, max(1, len(phases)), figsize=(max(6.0, 1.6 * len(models) * len(phases) + 3), 4.6), squeeze=False
+    )
+    missing: list[str] = []
+    width = 0.8 / max(1, len(modes))
+    x = np.arange(len(models))
+    for ax, phase in zip(axes[0], phases, strict=False):
+        for i, mode in enumerate(modes):
+            ys, lo, hi = [], [], []
+            for model in models:
+                c = next(
+                    (v for k, v in cells.items() if (k.model, k.mode, k.phase) == (model, mode, phase)), None
+                )
+                y = value(c) if c is not None and c["status"] == "ok" else None
+                if c is not None and c["status"] != "ok":
+                    missing.append(f"{model}/{mode}/{phase}: {c['status']}")
+                ys.append(np.nan if y is None else y)
+                e = err(c) if (err is not None and y is not None) else None
+                lo.append(0.0 if e is None else max(0.0, y - e[0]))
+                hi.append(0.0 if e is None else max(0.0, e[1] - y))
+            ax.bar(x + (i - (len(modes) - 1) / 2) * width, ys, width, label=mode, color=COLORS.get(mode),
+                   yerr=[lo, hi] if err is not None else None, capsize=2)  # fmt: skip
+        ax.set_xticks(x, models)
+        ax.set_xlabel("model")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{phase}")
+        if log:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(title="mode", fontsize=8)
+    note = f" (not shown: {len(missing)} failed/mismatched cells)" if missing else ""
+    fig.suptitle(f"{title} - scale {scale}{note}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(doc: dict[str, Any], path: Path) -> Path:
+    return _grouped_bars(
+        doc,
+        lambda c: c["latency_ms"]["median"],
+        "median step latency (ms, log scale)",
+        "Step latency per mode (bars: median, whiskers: interquartile range)",
+        path,
+        err=lambda c: (c["latency_ms"]["q1"], c["latency_ms"]["q3"]) if "q1" in c["latency_ms"] else None,
+        log=True,
+    )
+
+
+def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
+    return _grouped_bars(
+        doc,
+        lambda c: c.get("compile_s"),
+        "compile time (s), caches off",
+        "Compile time (first call minus one step; eager+optimus: optimize call)",
+        path,
+        modes_filter=("eager+optimus", "compile", "compile+peer", "compile+optimus"),
+    )
+
+
+def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
+    return _grouped_bars(
+        doc,
+        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / 2**20,
+        "peak memory of one step (MiB)",
+        "Peak memory per mode",
+        path,
+    )
+
+
+def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Speedup of compile+optimus over compile and over compile+peer, per model and phase."""
+    labels = [f"{r['model']}\n{r['phase']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 3), 4.6))
+    x = np.arange(len(rows))
+    for i, (key, color) in enumerate(
+        (("vs compile", COLORS["compile"]), ("vs compile+peer", COLORS["compile+peer"]))
+    ):
+        ys, lo, hi = [], [], []
+        for r in rows:
+            v = r.get(key) or {}
+            ok = "x" in v
+            ys.append(v["x"] if ok else np.nan)
+            lo.append(v["x"] - v["lo"] if ok else 0.0)
+            hi.append(v["hi"] - v["x"] if ok else 0.0)
+        ax.bar(x + (i - 0.5) * 0.38, ys, 0.38, yerr=[lo, hi], capsize=2, color=color,
+               label=f"compile+optimus {key.replace('vs', 'over')}")  # fmt: skip
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.63, color="#2ca02c", linestyle="--", linewidth=0.8, label="paper: up to 1.63x")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("model / phase")
+    ax.set_ylabel("speedup (x, >1 is faster; whiskers: 95% CI)")
+    scales = "/".join(sorted({r["scale"] for r in rows}))
+    ax.set_title(f"Speedup of compile+optimus - scale {scales}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_changes(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Compile-time change (s) and peak-memory change (%) of compile+optimus vs compile."""
+    labels = [f"{r['model']}\n{r['phase']}" for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(8.0, 1.4 * len(rows) + 4), 4.6))
+    x = np.arange(len(rows))
+    comp = [np.nan if r["compile_change_s"] is None else r["compile_change_s"] for r in rows]
+    mem = [np.nan if r["mem_change_pct"] is None else r["mem_change_pct"] for r in rows]
+    a1.bar(x, comp, color=COLORS["compile+optimus"], label="compile+optimus minus compile")
+    a1.set_ylabel("compile time change (s, <0 is faster)")
+    a1.set_title("Compile time change vs compile")
+    a2.bar(x, mem, color=COLORS["compile+optimus"], label="compile+optimus vs compile")
+    a2.axhline(-6.0, color="black", linestyle="--", linewidth=0.8, label="paper: ~-6%")
+    a2.set_ylabel("peak memory change (%, <0 is less)")
+    a2.set_title("Peak memory change vs compile")
+    for ax in (a1, a2):
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("model / phase")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
