@@ -146,7 +146,11 @@ def load_history(store: Path) -> dict[str, Any]:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: corrupt nightly history ({e})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA or not isinstance(doc.get("runs"), list):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema") != HISTORY_SCHEMA
+        or not isinstance(doc.get("runs"), list)
+    ):
         raise ValueError(f"{path}: not a nightly history of schema {HISTORY_SCHEMA}")
     return doc
 
@@ -323,7 +327,9 @@ class Asv:
         return self(*args, f"{sha}^!", env=env, check=False)
 
     def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
-        return self("compare", "--factor", str(factor), "--no-only-changed", "--sort", "name", base_sha, new_sha)
+        return self(
+            "compare", "--factor", str(factor), "--no-only-changed", "--sort", "name", base_sha, new_sha
+        )
 
 
 def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
@@ -378,16 +384,24 @@ def summary_markdown(
         )
         lines += ["", compare.format_rows(outcome.rows), ""]
         if outcome.reruns:
-            lines += ["### Reruns of flagged cells", "", "| cell | attempt | still flagged |", "| --- | --- | --- |"]
-            for r in outcome.reruns:
-                lines.append(f"| {r.cell} | {r.attempt} | {', '.join(r.flagged) or 'no (cleared)'} |")
+            lines += [
+                "### Reruns of flagged cells",
+                "",
+                "| cell | attempt | still flagged |",
+                "| --- | --- | --- |",
+            ]
+            for rr in outcome.reruns:
+                lines.append(f"| {rr.cell} | {rr.attempt} | {', '.join(rr.flagged) or 'no (cleared)'} |")
             lines.append("")
     lines.append("## asv")
     lines.append("")
     if asv_note:
         lines += [asv_note, ""]
     if asv_rows:
-        lines += ["| change | before | after | ratio | benchmark | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| change | before | after | ratio | benchmark | verdict |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         order = {"regression": 0, "regression (report only)": 1, "improvement": 2}
         for r in sorted(asv_rows, key=lambda r: (order.get(r.verdict, 9), r.name)):
             v = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
@@ -401,12 +415,15 @@ def summary_markdown(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="nightly config (suite, thresholds)")
-    p.add_argument("--store", default=str(DEFAULT_STORE), help="where nights are kept (default results/nightly)")
+    p.add_argument(
+        "--store", default=str(DEFAULT_STORE), help="where nights are kept (default results/nightly)"
+    )
     p.add_argument("--base", help="compare with this results file instead of the last passing nightly")
     p.add_argument("--models", help="override suite.models (comma list)")
     p.add_argument("--scale", help="override suite.scale")
     p.add_argument("--modes", help="override suite.modes (comma list)")
     p.add_argument("--phases", help="override suite.phases (comma list)")
+    p.add_argument("--threads", type=int, help="override suite.threads (torch threads per cell; 0: default)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
@@ -427,8 +444,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_config(args.config)
     suite = dict(cfg.suite)
-    for name in ("models", "scale", "modes", "phases"):
-        if getattr(args, name):
+    for name in ("models", "scale", "modes", "phases", "threads"):
+        if getattr(args, name) is not None:
             suite[name] = getattr(args, name)
     run_cfg = run_config(suite, args.provider, _device(args.device))
     suite.update({k: getattr(run_cfg, k) for k in ("models", "modes", "phases", "scale")})
@@ -448,10 +465,12 @@ def main_from_args(args: argparse.Namespace) -> int:
     log(f"measuring {len(run_cfg.cells())} cells of {sha[:10]} into {new_path}")
     new = run_suite(run_cfg, new_path, progress=not args.no_progress)
 
+    base_entry: dict[str, Any] | None
+    base_doc: dict[str, Any] | None
     if args.base:
-        base_entry: dict[str, Any] | None = {"sha": "given", "date": "-", "results": str(Path(args.base).resolve())}
         base_doc = results.load(args.base)
-        base_entry["sha"] = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
+        given_sha = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
+        base_entry = {"sha": given_sha, "date": "-", "results": str(Path(args.base).resolve())}
     else:
         base_entry = last_good(history, store)
         base_doc = results.load(store / base_entry["results"]) if base_entry else None
@@ -480,7 +499,9 @@ def main_from_args(args: argparse.Namespace) -> int:
         )
 
     harness_regressed = outcome is not None and bool(outcome.confirmed)
-    status = "baseline" if base_doc is None else ("regression" if harness_regressed or asv_regressed else "pass")
+    status = (
+        "baseline" if base_doc is None else ("regression" if harness_regressed or asv_regressed else "pass")
+    )
     text = summary_markdown(
         sha=sha,
         dirty=git["dirty"],
@@ -538,7 +559,11 @@ def _asv_part(
         return None, "asv figures recorded for this commit; no base to compare with.", False
     base_sha = base_entry["sha"]
     if base_sha == sha:
-        return None, f"asv figures recorded; the base night is the same commit ({sha[:10]}), nothing to compare.", False
+        return (
+            None,
+            f"asv figures recorded; the base night is the same commit ({sha[:10]}), nothing to compare.",
+            False,
+        )
     if not base_entry.get("asv", False):
         return None, f"the base night {base_sha[:10]} has no asv results; asv figures recorded only.", False
     rows = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
