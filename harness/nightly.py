@@ -525,6 +525,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         "summary": summary_rel,
         "status": "pass" if status == "baseline" else status,
         "base": base_entry["sha"] if base_entry else None,
+        "base_results": base_entry["results"] if base_entry else None,
         "asv": asv_rows is not None,
     }
     history = load_history(store)  # re-read: another night may have finished meanwhile
