@@ -1,0 +1,98 @@
+"""PyTorch 2 integration: the ``"optimus"`` torch.compile backend and the Inductor pre-grad pass.
+
+``torch.compile(m, backend="optimus")``: Optimus rewrites each Dynamo graph, then Inductor
+compiles it. ``optimus.backend(config)`` makes a backend with other options.
+
+``torch._inductor.config.pre_grad_custom_pass = optimus.pre_grad_pass``: Inductor runs Optimus on
+its pre-grad graph. ``uuid()`` is a hash of Optimus's source files and the config, so the FX graph
+cache is invalidated exactly when the pass could produce a different graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .config import OptimusConfig
+from .report import OptimusReport
+
+log = logging.getLogger("optimus")
+
+# Reports of the graphs the backend / pre-grad pass optimized most recently (for inspection).
+LAST_REPORTS: list[OptimusReport] = []
+
+
+def _remember(report: OptimusReport) -> None:
+    LAST_REPORTS.append(report)
+    del LAST_REPORTS[:-64]
+
+
+def backend(config: OptimusConfig | None = None, inner: Any = None) -> Any:
+    """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor)."""
+    cfg = config or OptimusConfig()
+
+    def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        from .api import optimize_graph_module
+
+        report = optimize_graph_module(gm, cfg, example_inputs if cfg.verify else None)
+        report.capture = "backend"
+        report.graphs = 1
+        gm.optimus_report = report  # type: ignore[assignment]
+        _remember(report)
+        if inner is not None:
+            return inner(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, **kwargs)
+
+    return optimus_backend
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class OptimusPreGradPass(CustomGraphPass):
+    """Optimus as an Inductor pre-grad custom pass (works on the graph in place)."""
+
+    def __init__(self, config: OptimusConfig | None = None) -> None:
+        self.config = config or OptimusConfig()
+
+    def __call__(self, graph: fx.Graph) -> None:
+        from .api import optimize_graph_module
+
+        gm = graph.owning_module
+        if gm is None:
+            gm = fx.GraphModule(torch.nn.Module(), graph)
+        report = optimize_graph_module(gm, self.config, None)
+        report.capture = "pre_grad"
+        report.graphs = 1
+        _remember(report)
+
+    def uuid(self) -> str:
+        return hashlib.sha256((_source_hash() + self.config.fingerprint()).encode()).hexdigest()
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Register ``backend="optimus"`` with Dynamo (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "optimus" not in _BACKENDS:
+        register_backend(name="optimus")(backend())
+    _REGISTERED = True

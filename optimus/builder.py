@@ -1,0 +1,82 @@
+"""Builder: the only way rules create nodes. It inserts them, records them (for undo) and keeps
+``node.meta`` right, so no rule repeats that bookkeeping.
+
+It also owns the shared pieces of every fused form: ``stack`` (which sees through an ``unbind`` or
+an equal-size ``split`` it can undo for free) and ``unbind``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from .meta import propagate, value_meta
+
+if TYPE_CHECKING:
+    from .context import RewriteContext
+
+
+class Builder:
+    def __init__(self, ctx: RewriteContext, anchor: fx.Node) -> None:
+        self.ctx = ctx
+        self.graph = anchor.graph
+        self.anchor = anchor
+        self.created: list[fx.Node] = []
+
+    def _add(self, node: fx.Node) -> fx.Node:
+        self.created.append(node)
+        propagate(node)
+        return node
+
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            return self._add(self.graph.call_function(target, tuple(args), dict(kwargs)))
+
+    def method(self, name: str, *args: Any, **kwargs: Any) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            return self._add(self.graph.call_method(name, tuple(args), dict(kwargs)))
+
+    def getitem(self, node: fx.Node, i: int) -> fx.Node:
+        return self.call(operator.getitem, node, i)
+
+    # -- shared pieces of fused forms -------------------------------------------------------
+    def stack(self, values: Sequence[fx.Node], dim: int = 0) -> fx.Node:
+        """``torch.stack(values, dim)``, reusing the tensor they were unbound/split from if the
+        values are exactly its pieces in order (then no copy is made)."""
+        whole = self.unstacked_source(values, dim)
+        if whole is not None:
+            return whole
+        return self.call(torch.stack, list(values), dim)
+
+    def unstacked_source(self, values: Sequence[fx.Node], dim: int = 0) -> fx.Node | None:
+        """If ``values`` are ``unbind(X, dim)[0..n-1]`` return X (cost-free stacking)."""
+        if dim != 0 or not values:
+            return None
+        first = values[0]
+        if not (first.op == "call_function" and first.target is operator.getitem):
+            return None
+        source = first.args[0]
+        if not isinstance(source, fx.Node):
+            return None
+        canon = self.ctx.canon(source)
+        if canon is None or canon.op != "unbind" or canon["dim"] != 0:
+            return None
+        pieces = value_meta(source)  # tuple of metas, one per piece
+        if not isinstance(pieces, tuple) or len(pieces) != len(values):
+            return None
+        for i, v in enumerate(values):
+            if not (v.op == "call_function" and v.target is operator.getitem and v.args == (source, i)):
+                return None
+        whole = canon["input"]
+        return whole if isinstance(whole, fx.Node) else None
+
+    def unbind(self, node: fx.Node, n: int, dim: int = 0) -> list[fx.Node]:
+        pieces = self.call(torch.unbind, node, dim)
+        return [self.getitem(pieces, i) for i in range(n)]
+
+    def stacked_params(self, params: Sequence[fx.Node], transpose: bool = False) -> fx.Node:
+        return self.ctx.layout.stacked(params, self, transpose)

@@ -1,0 +1,90 @@
+"""Capture a module as FX graph(s) the way torch.compile does (Dynamo).
+
+Strategy, in order:
+
+1. the module is already a ``GraphModule``: optimize a copy of its graph (parameters shared);
+2. ``torch._dynamo.export``: one whole graph of torch-level ops. Python loops over ``split``
+   outputs, list comprehensions and ``nn.ModuleList`` are unrolled; parameters are ``get_attr``
+   nodes reading the module's *own* parameters, so gradients land on them;
+3. if export fails (a graph break, or an input Dynamo cannot export, e.g. a torchrec
+   ``KeyedJaggedTensor``): ``torch.compile(module, backend=<optimus, eager>)``. Dynamo splits the
+   model into graphs at the breaks; each graph is optimized and run eagerly (no Inductor), and the
+   rest runs as Python. The returned ``GraphModule`` has one ``call_module`` node calling that
+   compiled module; ``optimus_report`` aggregates every graph (``report.graphs``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+log = logging.getLogger("optimus")
+
+
+def check_inputs(module: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
+    """Inputs as a tuple; ValueError if they are not a sequence or do not fit ``module.forward``."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (list, tuple)):
+        raise ValueError(
+            f"example_inputs must be a tuple/list of the module's positional inputs, got {type(example_inputs).__name__}"
+        )
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    inputs = tuple(example_inputs)
+    try:
+        inspect.signature(module.forward).bind(*inputs)
+    except TypeError as exc:
+        raise ValueError(f"example_inputs do not match {type(module).__name__}.forward: {exc}") from exc
+    except ValueError:
+        pass  # no introspectable signature
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    except Exception as exc:
+        raise ValueError(
+            f"example_inputs do not match {type(module).__name__}: running it raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return inputs
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule with a copy of the graph, sharing parameters and submodules."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    new = fx.GraphModule(gm, graph)
+    return new
+
+
+def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:
+    """One whole Dynamo graph (raises if there is a graph break or an unexportable input)."""
+    gm, _guards = torch._dynamo.export(module, aten_graph=False, assume_static_by_default=True)(*inputs)
+    return gm
+
+
+class CompiledWrapper(nn.Module):
+    """Holds the torch.compile'd module so a GraphModule can call it (graph-break fallback)."""
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any) -> Any:
+        return self.compiled(*args)
+
+
+def wrap_compiled(compiled: nn.Module, n_inputs: int) -> fx.GraphModule:
+    root = nn.Module()
+    root.compiled = CompiledWrapper(compiled)
+    graph = fx.Graph()
+    args = [graph.placeholder(f"arg{i}") for i in range(n_inputs)]
+    graph.output(graph.call_module("compiled", tuple(args)))
+    return fx.GraphModule(root, graph)

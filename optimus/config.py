@@ -1,0 +1,68 @@
+"""OptimusConfig: the one options object (rules, cost model, verify, limits)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .cost import AnalyticCostModel, CostModel
+from .layout import ParamLayout, RuntimeStack
+
+
+@dataclass(frozen=True)
+class OptimusConfig:
+    """Options for :func:`optimus.optimize`, the ``"optimus"`` backend and ``pre_grad_pass``.
+
+    rules: rule names to run (None: all registered, see ``optimus.RULES``).
+    cost_model: prices candidates; default :class:`~optimus.cost.AnalyticCostModel`
+        (its ``min_group``/``max_group`` bound horizontal group sizes).
+    verify: run original and rewritten graphs on seeded inputs after every rewrite, comparing
+        outputs and gradients; roll back any rewrite that changes them (slower; for debugging).
+    max_iterations / max_nodes / time_limit_s: driver limits (reported as the stop reason).
+    rtol / atol: override the dtype-aware verify tolerances.
+    """
+
+    rules: tuple[str, ...] | None = None
+    cost_model: CostModel = field(default_factory=AnalyticCostModel)
+    layout: ParamLayout = field(default_factory=RuntimeStack)
+    verify: bool = False
+    max_iterations: int = 20
+    max_nodes: int | None = None  # None: 4x the starting node count + 1000
+    time_limit_s: float = 60.0
+    rtol: float | None = None
+    atol: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from .rules import REGISTRY
+
+        if self.rules is not None:
+            if isinstance(self.rules, str) or not isinstance(self.rules, Sequence):
+                raise ValueError(f"rules must be a sequence of rule names or None, got {self.rules!r}")
+            unknown = [r for r in self.rules if r not in REGISTRY]
+            if unknown:
+                raise ValueError(f"unknown rule name(s) {unknown}; valid rules: {sorted(REGISTRY)}")
+            object.__setattr__(self, "rules", tuple(self.rules))
+        for name in ("seconds", "min_group", "max_group"):
+            if not hasattr(self.cost_model, name):
+                raise ValueError(f"cost_model must provide {name!r} (see optimus.cost.CostModel)")
+        if not isinstance(self.max_iterations, int) or self.max_iterations < 1:
+            raise ValueError(f"max_iterations must be a positive int, got {self.max_iterations!r}")
+        if self.max_nodes is not None and (not isinstance(self.max_nodes, int) or self.max_nodes < 1):
+            raise ValueError(f"max_nodes must be a positive int or None, got {self.max_nodes!r}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s!r}")
+
+    def with_(self, **changes: Any) -> OptimusConfig:
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **changes)
+
+    def fingerprint(self) -> str:
+        """Stable text identifying options that change the output graph (for cache keys)."""
+        cm = self.cost_model
+        return (
+            f"rules={self.rules};cost={type(cm).__module__}.{type(cm).__qualname__}:{vars(cm) if hasattr(cm, '__dict__') else ''};"
+            f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
+            f"nodes={self.max_nodes}"
+        )

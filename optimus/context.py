@@ -1,0 +1,193 @@
+"""RewriteContext: what rules see during one driver round, and the engine's shared machinery
+(grouping candidates, placing them, committing and undoing rewrites).
+
+WHY here and not in each rule: grouping independent nodes, choosing where a fused computation may
+sit without creating a cycle, rewiring users and undoing a rewrite are the same for every rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from .builder import Builder
+from .graph_index import GraphIndex, group_by_key, stab_groups
+from .layout import ParamLayout, RuntimeStack
+from .meta import TensorMeta, tensor_meta, value_meta
+from .normalize import Canon, canonicalize
+from .rules.base import Candidate, Cost
+
+if TYPE_CHECKING:
+    from .cost import CostModel
+    from .rules.base import HorizontalRule, LocalRule
+
+
+@dataclass
+class Applied:
+    """A committed rewrite, enough to undo it."""
+
+    cand: Candidate
+    created: list[fx.Node]
+    rewired: list[tuple[fx.Node, fx.Node, fx.Node]]  # (user, old, new)
+
+
+class RewriteContext:
+    def __init__(self, gm: fx.GraphModule, cost_model: CostModel, layout: ParamLayout | None = None) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.cost_model = cost_model
+        self.layout: ParamLayout = layout or RuntimeStack()
+        self.modules = dict(gm.named_modules()) if gm is not None else {}
+        self.index = GraphIndex(self.graph, self.modules)
+        self._canon: dict[fx.Node, Canon | None] = dict(self.index.canons)
+        self.leftovers: list[fx.Node] = []
+
+    # -- what rules read ---------------------------------------------------------------------
+    def canon(self, node: Any) -> Canon | None:
+        if not isinstance(node, fx.Node):
+            return None
+        if node not in self._canon:
+            self._canon[node] = canonicalize(node, self.modules)
+        return self._canon[node]
+
+    def meta(self, node: Any) -> TensorMeta | None:
+        return tensor_meta(node) if isinstance(node, fx.Node) else None
+
+    def value_meta(self, node: fx.Node) -> Any:
+        return value_meta(node)
+
+    def movable(self, node: fx.Node) -> bool:
+        return node not in self.index.pos or self.index.movable(node)
+
+    def stack_bytes(self, values: Sequence[Any]) -> float:
+        """Bytes ``Builder.stack(values)`` moves: 0 if it can reuse an unbound tensor."""
+        probe = Builder.__new__(Builder)
+        probe.ctx = self
+        if all(isinstance(v, fx.Node) for v in values) and probe.unstacked_source(values) is not None:
+            return 0.0
+        return float(sum(2 * m.nbytes for m in (self.meta(v) for v in values) if m is not None))
+
+    def device_of(self, nodes: Iterable[fx.Node]) -> torch.device:
+        for node in nodes:
+            meta = self.meta(node)
+            if meta is not None:
+                return meta.device
+        return torch.device("cpu")
+
+    # -- candidate finding (shared by all rules of a kind) -------------------------------------------
+    def _interval(self, node: fx.Node) -> tuple[float, float, float]:
+        return self.index.input_label(node), self.index.depth[node], self.index.user_label(node)
+
+    def horizontal_candidates(self, rule: HorizontalRule) -> list[Candidate]:
+        def key(node: fx.Node) -> Hashable | None:
+            if node.op not in ("call_function", "call_method", "call_module") or not self.movable(node):
+                return None
+            return rule.key(node, self)
+
+        out: list[Candidate] = []
+        buckets = group_by_key(self.index.nodes, key)
+        for members in buckets.values():
+            if len(members) < self.cost_model.min_group:
+                continue
+            for label, group in stab_groups(
+                members, self._interval, self.cost_model.min_group, self.cost_model.max_group
+            ):
+                before, after = rule.cost(group, self)
+                out.append(Candidate(rule.name, tuple(group), before, after, label=label))
+        return out
+
+    def local_candidates(self, rule: LocalRule) -> list[Candidate]:
+        out: list[Candidate] = []
+        for node in self.index.nodes:
+            if node.op not in ("call_function", "call_method", "call_module") or not self.movable(node):
+                continue
+            payload = rule.match_node(node, self)
+            if payload is None:
+                continue
+            before, after = rule.cost(node, payload, self)
+            nodes = (node, *rule.consumed(node, payload))
+            out.append(Candidate(rule.name, nodes, before, after, label=self.index.depth[node], data=payload))
+        return out
+
+    # -- committing / undoing ------------------------------------------------------------------------
+    def _label(self, node: fx.Node) -> float:
+        return self.index.depth.get(node, 0.0)
+
+    def placeable(self, cand: Candidate, horizontal: bool) -> bool:
+        """Re-check, against the graph as it is now, that the rewrite can sit at ``cand.label``:
+        every member (horizontal) or the anchor (local) strictly between its inputs and users."""
+        for node in cand.nodes if horizontal else cand.nodes[:1]:
+            if getattr(node, "_erased", False) or not self.movable(node):
+                return False
+            lo = max((self._label(i) for i in node.all_input_nodes), default=-1.0)
+            hi = min((self._label(u) for u in node.users), default=math.inf)
+            if not lo < cand.label < hi and not (not horizontal and lo < cand.label):
+                return False
+        return True
+
+    def commit(self, cand: Candidate, replacements: Sequence[fx.Node], b: Builder) -> Applied | None:
+        """Rewire users of each replaced node to its replacement. Refuses (and returns None) if the
+        replacement would break the labelling, i.e. could create a cycle."""
+        created = set(b.created)
+        label = cand.label
+        self.index.set_label(b.created, label)
+        for node in b.created:
+            for inp in node.all_input_nodes:
+                if inp not in created and self._label(inp) >= label:
+                    return None
+        for old, new in zip(cand.nodes, replacements, strict=False):
+            if new is old:
+                continue
+            if new not in created and self._label(new) >= min(
+                (self._label(u) for u in old.users), default=math.inf
+            ):
+                return None
+        rewired: list[tuple[fx.Node, fx.Node, fx.Node]] = []
+        for old, new in zip(cand.nodes, replacements, strict=False):
+            if new is old:
+                continue
+            for user in list(old.users):
+                if user in created:
+                    continue
+                user.replace_input_with(old, new)
+                self._canon.pop(user, None)
+                rewired.append((user, old, new))
+            self.leftovers.append(old)
+        return Applied(cand, list(b.created), rewired)
+
+    def undo(self, applied: Applied) -> None:
+        for user, old, new in reversed(applied.rewired):
+            user.replace_input_with(new, old)
+            self._canon.pop(user, None)
+        self.discard(applied.created)
+
+    def discard(self, created: Sequence[fx.Node]) -> None:
+        for node in reversed(created):
+            if not node.users:
+                self.graph.erase_node(node)
+
+    def erase_leftovers(self) -> None:
+        """Erase replaced nodes (and what only they read) once nothing uses them."""
+        stack = list(self.leftovers)
+        self.leftovers = []
+        while stack:
+            node = stack.pop()
+            if getattr(node, "_erased", False) or node.users or node.op in ("placeholder", "output"):
+                continue
+            if node in self.index.ordered:
+                continue
+            inputs = node.all_input_nodes
+            try:
+                self.graph.erase_node(node)
+            except Exception:
+                continue
+            stack.extend(i for i in inputs if i.op not in ("placeholder", "get_attr"))
+
+
+def no_cost() -> tuple[Cost, Cost]:
+    return Cost(), Cost()

@@ -1,0 +1,129 @@
+"""Shapes and dtypes of graph values, read from whatever the capture left and kept right for new nodes.
+
+WHY: rules group nodes by shape/dtype, and the cost model needs sizes. Dynamo leaves FakeTensors in
+``node.meta["example_value"]``, export leaves ``"val"``, ShapeProp leaves ``"tensor_meta"``; nodes a
+rewrite creates have none. ``tensor_meta`` reads all of them; ``propagate`` computes a new node's
+meta by running its target on ``meta``-device tensors (no data, microseconds), and stores it under
+``node.meta["optimus_meta"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+KEY = "optimus_meta"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def _from_value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        shape = tuple(value.shape)
+        if not all(isinstance(d, int) for d in shape):
+            return None  # symbolic shape: rules decline rather than guess
+        return TensorMeta(tuple(int(d) for d in shape), value.dtype, value.device)
+    if isinstance(value, (list, tuple)):
+        return tuple(_from_value(v) for v in value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # fx TensorMetadata
+        shape = tuple(value.shape)
+        if not all(isinstance(d, int) for d in shape):
+            return None
+        return TensorMeta(shape, value.dtype, torch.device("cpu"))
+    return None
+
+
+def value_meta(node: fx.Node) -> Any:
+    """TensorMeta, a tuple of them (multi-output ops), or None if unknown."""
+    if KEY in node.meta:
+        return node.meta[KEY]
+    for key in ("example_value", "val", "tensor_meta"):
+        if key in node.meta:
+            found = _from_value(node.meta[key])
+            node.meta[KEY] = found
+            return found
+    if node.op == "get_attr":
+        found = _from_value(_fetch_attr(node))
+        node.meta[KEY] = found
+        return found
+    return None
+
+
+def tensor_meta(node: fx.Node) -> TensorMeta | None:
+    found = value_meta(node)
+    return found if isinstance(found, TensorMeta) else None
+
+
+def _fetch_attr(node: fx.Node) -> Any:
+    owner = node.graph.owning_module
+    if owner is None:
+        return None
+    obj: Any = owner
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _to_meta_tensor(meta: Any) -> Any:
+    if isinstance(meta, TensorMeta):
+        return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
+    if isinstance(meta, tuple):
+        return tuple(_to_meta_tensor(m) for m in meta)
+    raise ValueError("unknown input meta")
+
+
+def _with_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(tuple(int(d) for d in value.shape), value.dtype, device)
+    if isinstance(value, (list, tuple)):
+        return tuple(_with_device(v, device) for v in value)
+    return None
+
+
+def propagate(node: fx.Node) -> Any:
+    """Compute and store the meta of a node whose inputs all have meta. None if that fails."""
+    devices: list[torch.device] = []
+
+    def convert(arg: Any) -> Any:
+        if isinstance(arg, fx.Node):
+            meta = value_meta(arg)
+            if meta is None:
+                raise ValueError(f"no meta for {arg}")
+            if isinstance(meta, TensorMeta):
+                devices.append(meta.device)
+            return _to_meta_tensor(meta)
+        return arg
+
+    try:
+        args = fx.node.map_aggregate(node.args, convert)
+        kwargs = fx.node.map_aggregate(node.kwargs, convert)
+        if node.op == "call_function":
+            out = node.target(*args, **kwargs)  # type: ignore[operator]
+        elif node.op == "call_method":
+            out = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        else:
+            return None
+        found = _with_device(out, devices[0] if devices else torch.device("cpu"))
+    except Exception:
+        found = None
+    node.meta[KEY] = found
+    return found

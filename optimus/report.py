@@ -1,0 +1,47 @@
+"""OptimusReport: what one optimization did (attached to the GraphModule as ``optimus_report``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STOP_REASONS = ("saturated", "iteration_limit", "node_limit", "time_limit", "unchanged", "not_run")
+
+
+@dataclass
+class OptimusReport:
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    seconds: float = 0.0
+    stop_reason: str = "not_run"
+    iterations: int = 0
+    declined: dict[str, int] = field(default_factory=dict)  # candidates the cost model rated no faster
+    rolled_back: dict[str, int] = field(default_factory=dict)  # rewrites undone (error, lint, mismatch)
+    graphs: int = 0  # Dynamo graphs optimized (more than 1 when the model has graph breaks)
+    capture: str = ""  # "export" | "graph" | "dynamo-subgraphs" | "pre_grad" | "backend"
+    notes: list[str] = field(default_factory=list)
+
+    def fired(self, rule: str, n: int = 1) -> None:
+        self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
+
+    def merge(self, other: OptimusReport) -> None:
+        """Aggregate another graph's report into this one (graph breaks)."""
+        for mine, theirs in (
+            (self.rules_fired, other.rules_fired),
+            (self.declined, other.declined),
+            (self.rolled_back, other.rolled_back),
+        ):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.nodes_before += other.nodes_before
+        self.nodes_after += other.nodes_after
+        self.seconds += other.seconds
+        self.iterations = max(self.iterations, other.iterations)
+        self.graphs += other.graphs
+        if self.stop_reason in ("not_run", "saturated", "unchanged"):
+            self.stop_reason = other.stop_reason if other.stop_reason != "not_run" else self.stop_reason
+        self.notes.extend(other.notes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

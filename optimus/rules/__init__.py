@@ -1,0 +1,45 @@
+"""The rule registry: one table, name -> rule class. Adding a rule = one file + one line here.
+
+Order matters only for tie-breaking: when the cost model rates two candidates equal, the rule
+listed first wins (the driver is deterministic). Cleanup rules run at the start of every round.
+"""
+
+from __future__ import annotations
+
+from .base import Candidate, CleanupRule, Cost, HorizontalRule, LocalRule, Rule
+from .batch_layer_norm import BatchLayerNorm
+from .batch_linear import BatchLinear
+from .batch_pointwise import BatchBinary, BatchUnary
+from .cleanup import CommonSubexpression, DeadCode
+from .merge_shared_linear import MergeSharedLinear
+
+REGISTRY: dict[str, type] = {
+    # cleanup (run at the start of every round)
+    "dce": DeadCode,
+    "cse": CommonSubexpression,
+    # shared-input merge (listed before batch_linear: it wins ties on the same linears)
+    "merge_shared_linear": MergeSharedLinear,
+    # horizontal batch fusion
+    "batch_linear": BatchLinear,
+    "batch_layer_norm": BatchLayerNorm,
+    "batch_unary": BatchUnary,
+    "batch_binary": BatchBinary,
+    # split/cat family (another file each; add lines here)
+}
+
+
+def resolve(names: object) -> list[Rule]:
+    """Instantiate rules by name (None: all). ValueError names unknown ones and lists valid ones."""
+    if names is None:
+        chosen = list(REGISTRY)
+    else:
+        if isinstance(names, str) or not hasattr(names, "__iter__"):
+            raise ValueError(f"rules must be a list of rule names or None, got {names!r}")
+        chosen = list(names)  # type: ignore[call-overload]
+        unknown = [n for n in chosen if n not in REGISTRY]
+        if unknown:
+            raise ValueError(f"unknown rule name(s) {unknown}; valid rules: {sorted(REGISTRY)}")
+    return [REGISTRY[n]() for n in chosen]
+
+
+__all__ = ["REGISTRY", "Candidate", "CleanupRule", "Cost", "HorizontalRule", "LocalRule", "Rule", "resolve"]
