@@ -119,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                      timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 
-    p = sub.add_parser("nightly", help="nightly regression check (see issue 6)")
+    p = sub.add_parser(
+        "nightly", help="run the suite, compare with the last good nightly; exit 1 on a regression"
+    )
+    from harness.nightly import add_arguments as add_nightly_arguments
+
+    add_nightly_arguments(p)
     return parser
 
 
@@ -239,11 +244,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    print(
-        "optimus-bench nightly: not yet implemented here (issue 6 builds it on run + compare)",
-        file=sys.stderr,
-    )
-    return 2
+    from harness.nightly import main_from_args
+
+    return main_from_args(args)
 
 
 COMMANDS = {

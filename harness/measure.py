@@ -7,11 +7,42 @@ models or modes; each takes a zero-argument ``step`` callable.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+
+INJECT_SLOWDOWN_ENV = "OPTIMUS_BENCH_INJECT_SLOWDOWN"
+
+
+def injected_slowdown() -> float:
+    """Fraction of extra time to add to every timed step (``OPTIMUS_BENCH_INJECT_SLOWDOWN``).
+
+    Why it exists: the nightly's regression detection is tested end to end by making every
+    measured step really take e.g. 15% longer, here where the harness measures, so nothing
+    downstream (samples, compare, reruns, asv figures) can tell it from a real slowdown.
+    Unset or empty: 0.
+    """
+    raw = os.environ.get(INJECT_SLOWDOWN_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        frac = float(raw)
+    except ValueError:
+        frac = -1.0
+    if not math.isfinite(frac) or frac < 0:
+        raise ValueError(f"{INJECT_SLOWDOWN_ENV}: must be a number >= 0 (e.g. 0.15 for 15%), got {raw!r}")
+    return frac
+
+
+def _stall(seconds: float) -> None:
+    """Busy-wait (sleep overshoots by ~0.1 ms, too coarse for sub-millisecond steps)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def time_iterations(
@@ -35,6 +66,8 @@ def time_iterations(
     import torch
 
     cuda = device == "cuda"
+    slow = injected_slowdown()
+    last_ms = 0.0
     for _ in range(warmup):
         step()
     if cuda:
@@ -45,13 +78,20 @@ def time_iterations(
         if cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
+            stall_ms = slow * last_ms  # scaled by the previous step: this one is not timed yet
+            if stall_ms:  # host stall inside the event pair: the GPU idles, the sample grows
+                _stall(stall_ms / 1e3)
             step()
             end.record()
             end.synchronize()
-            samples.append(float(begin.elapsed_time(end)))
+            elapsed_ms = float(begin.elapsed_time(end))
+            last_ms = max(0.0, elapsed_ms - stall_ms)
+            samples.append(elapsed_ms)
         else:
             t0 = time.perf_counter()
             step()
+            if slow:
+                _stall(slow * (time.perf_counter() - t0))
             samples.append((time.perf_counter() - t0) * 1e3)
         if len(samples) >= min_iters and time.perf_counter() - start >= budget_s:
             break

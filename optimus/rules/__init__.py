@@ -10,8 +10,15 @@ from .base import Candidate, CleanupRule, Cost, HorizontalRule, LocalRule, Rule
 from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
+from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
+from .flatten_cats import FlattenCats
 from .merge_shared_linear import MergeSharedLinear
+from .merge_splits import MergeSplits
+from .noop_split_cat import NoopSplitCat
+from .normalize_split_cat import NormalizeSplitCat
+from .split_cat import SplitCat
+from .stack_unbind import StackUnbind
 
 REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round)
@@ -24,7 +31,14 @@ REGISTRY: dict[str, type] = {
     "batch_layer_norm": BatchLayerNorm,
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
-    # split/cat family (another file each; add lines here)
+    # split/cat family (normalize_split_cat is a cleanup: it runs at the start of every round)
+    "normalize_split_cat": NormalizeSplitCat,
+    "split_cat": SplitCat,
+    "cat_split": CatSplit,
+    "merge_splits": MergeSplits,
+    "flatten_cats": FlattenCats,
+    "noop_split_cat": NoopSplitCat,
+    "stack_unbind": StackUnbind,
 }
 
 

@@ -1,0 +1,601 @@
+"""`optimus-bench nightly`: measure this commit, compare with the last good nightly, gate CI.
+
+Why a separate command and not a CI script: the nightly must be runnable by hand (to
+reproduce a red night) and testable, and it must measure and judge with the harness's own
+code: cells come from ``harness.runner``, verdicts from ``harness.compare`` (Mann-Whitney U
+plus a minimum effect), so a regression here is a regression in ``optimus-bench compare``.
+
+One night, in order:
+
+1. The suite of the config file (``benchmarks/nightly_thresholds.json``) runs as harness
+   cells into ``<store>/runs/<stamp>-<sha8>.json`` (raw samples kept).
+2. It is compared with the last nightly in ``<store>/history.json`` that passed.
+3. Noise handling: every (cell, metric) flagged as a regression is measured again (the
+   cell re-runs in a fresh process, up to ``rerun.max_reruns`` times); it is a regression
+   only if every measurement flags it. The stored cell is the last measurement.
+4. asv: ``asv run <sha>^!`` for the configured benchmarks, fed the final harness cells
+   (``OPTIMUS_ASV_CELLS``) so compiled cells are not measured twice, then ``asv compare``
+   against the base commit. A flagged asv figure is re-measured (its harness cells, or the
+   asv benchmark itself) and re-compared before it counts. Figures the harness comparison
+   already judges are ``report_only``.
+5. A markdown summary; a history entry; exit status 1 on a confirmed regression.
+
+A night that regressed is recorded with status ``regression`` and is never a base, so a
+regression stays red until it is fixed (or the base is chosen explicitly with ``--base``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import compare, results
+from harness.env import REPO_ROOT, git_info
+from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig
+
+DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "nightly_thresholds.json"
+DEFAULT_STORE = REPO_ROOT / "results" / "nightly"
+HISTORY_SCHEMA = 1
+ASV_CELLS_ENV = "OPTIMUS_ASV_CELLS"
+SUITE_KEYS = ("models", "scale", "modes", "phases", "warmup", "min_iters", "max_iters", "budget_s",
+              "timeout_s", "threads")  # fmt: skip
+# asv figures derived from the compiled harness cells: (family, scale, phase) params.
+CELL_BENCH_PREFIX = "bench_compiled."
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    """The one config file of the nightly: suite, thresholds, asv, reruns."""
+
+    suite: dict[str, Any]
+    thresholds: compare.Thresholds
+    asv_enabled: bool = True
+    asv_factor: float = 1.1
+    asv_bench: tuple[str, ...] = ()
+    asv_quick: bool = False
+    higher_is_better: tuple[str, ...] = ()
+    report_only: tuple[str, ...] = ()
+    max_reruns: int = 1
+
+
+def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
+    sec = doc.get(name, {})
+    if not isinstance(sec, dict):
+        raise ValueError(f"{path}: field {name!r} must be an object, got {type(sec).__name__}")
+    return sec
+
+
+def _check_keys(sec: dict[str, Any], allowed: Iterable[str], where: str) -> None:
+    bad = sorted(set(sec) - set(allowed))
+    if bad:
+        raise ValueError(f"{where}: unknown field(s) {bad}; allowed: {', '.join(sorted(allowed))}")
+
+
+def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
+    """Read and validate the nightly config; errors name the file and the field."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such nightly config file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{p}: top level must be an object")
+    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun"), str(p))
+    suite = _section(doc, "suite", p)
+    _check_keys(suite, SUITE_KEYS, f"{p}: suite")
+    th_doc = _section(doc, "harness", p)
+    th_fields = compare.Thresholds.__dataclass_fields__
+    _check_keys(th_doc, th_fields, f"{p}: harness")
+    th = compare.Thresholds(**th_doc).validate()
+    asv = _section(doc, "asv", p)
+    _check_keys(asv, ("enabled", "factor", "bench", "quick", "higher_is_better", "report_only"), f"{p}: asv")
+    factor = float(asv.get("factor", 1.1))
+    if factor < 1.0:
+        raise ValueError(f"{p}: asv.factor must be >= 1.0 (a ratio), got {factor}")
+    rerun = _section(doc, "rerun", p)
+    _check_keys(rerun, ("max_reruns",), f"{p}: rerun")
+    max_reruns = rerun.get("max_reruns", 1)
+    if not isinstance(max_reruns, int) or isinstance(max_reruns, bool) or max_reruns < 0:
+        raise ValueError(f"{p}: rerun.max_reruns must be an integer >= 0, got {max_reruns!r}")
+    return NightlyConfig(
+        suite=dict(suite),
+        thresholds=th,
+        asv_enabled=bool(asv.get("enabled", True)),
+        asv_factor=factor,
+        asv_bench=tuple(asv.get("bench", ())),
+        asv_quick=bool(asv.get("quick", False)),
+        higher_is_better=tuple(asv.get("higher_is_better", ())),
+        report_only=tuple(asv.get("report_only", ())),
+        max_reruns=max_reruns,
+    )
+
+
+def run_config(suite: dict[str, Any], provider: str, device: str) -> RunConfig:
+    """The harness RunConfig of the suite (validated by the harness, same errors as ``run``)."""
+    kw = {k: v for k, v in suite.items() if k in SUITE_KEYS}
+    for name in ("models", "modes", "phases"):
+        if isinstance(kw.get(name), str):
+            kw[name] = kw[name].split(",")
+    return RunConfig(provider=provider, device=device, **kw).validate()
+
+
+# --------------------------------------------------------------------------- history
+
+
+def load_history(store: Path) -> dict[str, Any]:
+    path = store / "history.json"
+    if not path.exists():
+        return {"schema": HISTORY_SCHEMA, "runs": []}
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: corrupt nightly history ({e})") from None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema") != HISTORY_SCHEMA
+        or not isinstance(doc.get("runs"), list)
+    ):
+        raise ValueError(f"{path}: not a nightly history of schema {HISTORY_SCHEMA}")
+    return doc
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def last_good(history: dict[str, Any], store: Path) -> dict[str, Any] | None:
+    """The most recent night that passed and whose results file still exists."""
+    for entry in reversed(history["runs"]):
+        if entry.get("status") == "pass" and (store / entry["results"]).exists():
+            return dict(entry)
+    return None
+
+
+# --------------------------------------------------------------------------- harness cells
+
+
+@dataclass
+class Rerun:
+    cell: str
+    attempt: int
+    flagged: list[str]  # metrics still flagged on this measurement
+
+
+@dataclass
+class HarnessOutcome:
+    rows: list[compare.Row]
+    first_flagged: set[tuple[str, str]]
+    confirmed: set[tuple[str, str]]
+    reruns: list[Rerun] = field(default_factory=list)
+
+
+def _only(doc: dict[str, Any], label: str) -> dict[str, Any]:
+    return {**doc, "cells": [c for c in doc["cells"] if CellKey.of(c).label() == label]}
+
+
+def _flagged(rows: Iterable[compare.Row]) -> set[tuple[str, str]]:
+    return {(r.cell, r.metric) for r in rows if r.verdict == "regression"}
+
+
+def confirm_regressions(
+    base: dict[str, Any],
+    new: dict[str, Any],
+    th: compare.Thresholds,
+    rerun: Callable[[CellKey], dict[str, Any]],
+    max_reruns: int,
+) -> HarnessOutcome:
+    """Compare, re-measure every flagged cell, keep only what every measurement flags.
+
+    ``new`` is updated in place: a re-measured cell replaces the flagged one.
+    """
+    first = _flagged(compare.compare_docs(base, new, th))
+    confirmed = set(first)
+    reruns: list[Rerun] = []
+    keys = {CellKey.of(c).label(): CellKey.of(c) for c in new["cells"]}
+    for label in sorted({cell for cell, _ in first}):
+        for attempt in range(1, max_reruns + 1):
+            results.upsert_cell(new, rerun(keys[label]))
+            now = _flagged(compare.compare_docs(_only(base, label), _only(new, label), th))
+            confirmed = {(c, m) for c, m in confirmed if c != label or (c, m) in now}
+            reruns.append(Rerun(label, attempt, sorted(m for c, m in now if c == label)))
+            if not any(c == label for c, _ in confirmed):
+                break
+    rows = compare.compare_docs(base, new, th)
+    for r in rows:
+        if r.verdict == "regression" and (r.cell, r.metric) not in confirmed:
+            r.verdict = "not confirmed"
+    return HarnessOutcome(rows, first, confirmed, reruns)
+
+
+# --------------------------------------------------------------------------- asv
+
+
+@dataclass
+class AsvRow:
+    mark: str
+    before: str
+    after: str
+    ratio: str
+    name: str
+    verdict: str = ""
+
+
+def parse_asv_compare(text: str) -> list[AsvRow]:
+    """Rows of ``asv compare`` (GitHub table format): change mark, before, after, ratio, name."""
+    rows: list[AsvRow] = []
+    for line in text.splitlines():
+        if not line.startswith("|") or line.startswith("|--") or "Benchmark (Parameter)" in line:
+            continue
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) != 5:
+            continue
+        rows.append(AsvRow(cols[0], cols[1], cols[2], cols[3], cols[4]))
+    return rows
+
+
+def classify_asv(rows: list[AsvRow], higher_is_better: Iterable[str], report_only: Iterable[str]) -> None:
+    """Set each row's verdict. asv marks '+' for a significant increase, '-' for a decrease."""
+    hib, ro = tuple(higher_is_better), tuple(report_only)
+    for r in rows:
+        base_name = r.name.split("(")[0]
+        up_is_good = any(base_name.endswith("." + h) or base_name == h for h in hib)
+        if r.mark == "!":
+            verdict = "regression"  # ran before, fails now
+        elif r.mark == "*":
+            verdict = "fixed"
+        elif r.mark == "x":
+            verdict = "not comparable"
+        elif r.mark == "+":
+            verdict = "improvement" if up_is_good else "regression"
+        elif r.mark == "-":
+            verdict = "regression" if up_is_good else "improvement"
+        else:
+            verdict = "no change"
+        if verdict == "regression" and any(s in r.name for s in ro):
+            verdict = "regression (report only)"
+        r.verdict = verdict
+
+
+def cell_params(name: str) -> tuple[str, ...] | None:
+    """Parameters of a ``bench_compiled`` row name, e.g. ``...track_speedup('towers', 'tiny', 'infer')``."""
+    m = re.search(r"\((.*)\)\s*$", name)
+    if not m:
+        return None
+    try:
+        val = ast.literal_eval(f"({m.group(1)},)")
+    except (ValueError, SyntaxError):
+        return None
+    return tuple(str(v) for v in val)
+
+
+class Asv:
+    """Runs the asv command line of this repository (``python -m asv``) from the repo root."""
+
+    def __init__(self, conf: Path, log: Callable[[str], None]) -> None:
+        self.conf = conf
+        self.log = log
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
+        cmd = [sys.executable, "-m", "asv", *args, "--config", str(self.conf)]
+        self.log("$ " + " ".join(cmd))
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"asv {args[0]} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
+        return proc.stdout
+
+    def ensure_machine(self) -> None:
+        if not (Path.home() / ".asv-machine.json").exists():
+            self("machine", "--yes")
+
+    def run(self, sha: str, benches: Iterable[str], quick: bool, env: dict[str, str]) -> str:
+        args = ["run", "--show-stderr", "--launch-method", "spawn"]
+        if quick:
+            args.append("--quick")
+        for b in benches:
+            args += ["--bench", b]
+        # asv exits 2 when a benchmark failed; that is reported per row by compare, not fatal.
+        return self(*args, f"{sha}^!", env=env, check=False)
+
+    def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
+        return self(
+            "compare", "--factor", str(factor), "--no-only-changed", "--sort", "name", base_sha, new_sha
+        )
+
+
+def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
+    """Environment of the asv benchmarks: the nightly's grid and its measured cells."""
+    return {
+        ASV_CELLS_ENV: str(cells_path.resolve()),
+        "OPTIMUS_ASV_FAMILIES": ",".join(suite["models"]),
+        "OPTIMUS_ASV_SCALES": str(suite["scale"]),
+        "OPTIMUS_ASV_PHASES": ",".join(suite["phases"]),
+    }
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _fmt_cfg(cfg: NightlyConfig) -> str:
+    th = cfg.thresholds
+    return (
+        f"latency: Mann-Whitney U p < {th.alpha} and median change > {th.latency:.0%}; "
+        f"peak memory > {th.memory:.0%} and > {th.memory_abs} B; compile time > {th.compile:.0%} and "
+        f"> {th.compile_abs} s; asv factor {cfg.asv_factor}; reruns of a flagged cell: {cfg.max_reruns}"
+    )
+
+
+def summary_markdown(
+    *,
+    sha: str,
+    dirty: bool | None,
+    base: dict[str, Any] | None,
+    cfg: NightlyConfig,
+    outcome: HarnessOutcome | None,
+    asv_rows: list[AsvRow] | None,
+    asv_note: str,
+    status: str,
+    n_cells: int,
+    elapsed_s: float,
+) -> str:
+    head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
+    lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
+    if base is None:
+        lines.append(f"No earlier passing nightly: this run ({n_cells} cells) is recorded as the baseline.")
+    else:
+        lines.append(
+            f"Compared with nightly {base['sha'][:10]} of {base['date']} ({n_cells} cells, {elapsed_s:.0f} s)."
+        )
+    lines += ["", f"Thresholds: {_fmt_cfg(cfg)}.", ""]
+    if outcome is not None:
+        n = len({c for c, _ in outcome.confirmed})
+        lines.append(
+            f"## Harness cells: {len(outcome.confirmed)} confirmed regression(s) in {n} cell(s); "
+            f"{len(outcome.first_flagged)} flagged before reruns"
+        )
+        lines += ["", compare.format_rows(outcome.rows), ""]
+        if outcome.reruns:
+            lines += [
+                "### Reruns of flagged cells",
+                "",
+                "| cell | attempt | still flagged |",
+                "| --- | --- | --- |",
+            ]
+            for rr in outcome.reruns:
+                lines.append(f"| {rr.cell} | {rr.attempt} | {', '.join(rr.flagged) or 'no (cleared)'} |")
+            lines.append("")
+    lines.append("## asv")
+    lines.append("")
+    if asv_note:
+        lines += [asv_note, ""]
+    if asv_rows:
+        lines += [
+            "| change | before | after | ratio | benchmark | verdict |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        order = {"regression": 0, "regression (report only)": 1, "improvement": 2}
+        for r in sorted(asv_rows, key=lambda r: (order.get(r.verdict, 9), r.name)):
+            v = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
+            lines.append(f"| {r.mark or ' '} | {r.before} | {r.after} | {r.ratio} | {r.name} | {v} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="nightly config (suite, thresholds)")
+    p.add_argument(
+        "--store", default=str(DEFAULT_STORE), help="where nights are kept (default results/nightly)"
+    )
+    p.add_argument("--base", help="compare with this results file instead of the last passing nightly")
+    p.add_argument("--models", help="override suite.models (comma list)")
+    p.add_argument("--scale", help="override suite.scale")
+    p.add_argument("--modes", help="override suite.modes (comma list)")
+    p.add_argument("--phases", help="override suite.phases (comma list)")
+    p.add_argument("--threads", type=int, help="override suite.threads (torch threads per cell; 0: default)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
+    p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
+    p.add_argument("--summary", help="also append the markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+
+
+def _device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    cfg = load_config(args.config)
+    suite = dict(cfg.suite)
+    for name in ("models", "scale", "modes", "phases", "threads"):
+        if getattr(args, name) is not None:
+            suite[name] = getattr(args, name)
+    run_cfg = run_config(suite, args.provider, _device(args.device))
+    suite.update({k: getattr(run_cfg, k) for k in ("models", "modes", "phases", "scale")})
+    store = Path(args.store)
+    history = load_history(store)
+    git = git_info()
+    sha = git["sha"] or "unknown"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    new_rel = f"runs/{stamp}-{sha[:8]}.json"
+    new_path = store / new_rel
+
+    from harness.runner import run_one, run_suite
+
+    def log(msg: str) -> None:
+        print(f"nightly: {msg}", file=sys.stderr, flush=True)
+
+    log(f"measuring {len(run_cfg.cells())} cells of {sha[:10]} into {new_path}")
+    new = run_suite(run_cfg, new_path, progress=not args.no_progress)
+
+    base_entry: dict[str, Any] | None
+    base_doc: dict[str, Any] | None
+    if args.base:
+        base_doc = results.load(args.base)
+        given_sha = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
+        base_entry = {"sha": given_sha, "date": "-", "results": str(Path(args.base).resolve())}
+    else:
+        base_entry = last_good(history, store)
+        base_doc = results.load(store / base_entry["results"]) if base_entry else None
+
+    outcome = None
+    if base_doc is not None:
+        cell_cfg = dict(new["config"])
+
+        def rerun(key: CellKey) -> dict[str, Any]:
+            log(f"re-measuring flagged cell {key.label()}")
+            return run_one(key, cell_cfg, run_cfg.timeout_s)
+
+        outcome = confirm_regressions(base_doc, new, cfg.thresholds, rerun, cfg.max_reruns)
+        results.save_atomic(new_path, new)
+
+    asv_rows: list[AsvRow] | None = None
+    asv_note = ""
+    asv_regressed = False
+    if args.no_asv or not cfg.asv_enabled:
+        asv_note = "asv part skipped (--no-asv or asv.enabled=false)."
+    elif git["dirty"]:
+        asv_note = "asv part skipped: the working tree has uncommitted changes, and asv measures commits."
+    else:
+        asv_rows, asv_note, asv_regressed = _asv_part(
+            cfg, suite, sha, base_entry, new, new_path, run_cfg, run_one, log, Path(args.asv_config)
+        )
+
+    harness_regressed = outcome is not None and bool(outcome.confirmed)
+    status = (
+        "baseline" if base_doc is None else ("regression" if harness_regressed or asv_regressed else "pass")
+    )
+    text = summary_markdown(
+        sha=sha,
+        dirty=git["dirty"],
+        base=base_entry,
+        cfg=cfg,
+        outcome=outcome,
+        asv_rows=asv_rows,
+        asv_note=asv_note,
+        status=status,
+        n_cells=len(new["cells"]),
+        elapsed_s=time.perf_counter() - t0,
+    )
+    summary_rel = new_rel.replace(".json", ".md")
+    write_atomic(store / summary_rel, text + "\n")
+    entry = {
+        "sha": sha,
+        "dirty": git["dirty"],
+        "branch": git["branch"],
+        "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "results": new_rel,
+        "summary": summary_rel,
+        "status": "pass" if status == "baseline" else status,
+        "base": base_entry["sha"] if base_entry else None,
+        "base_results": base_entry["results"] if base_entry else None,
+        "asv": asv_rows is not None,
+    }
+    history = load_history(store)  # re-read: another night may have finished meanwhile
+    history["runs"].append(entry)
+    write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")
+    print(text)
+    if args.summary:
+        with open(args.summary, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+    log(f"{status}; summary in {store / summary_rel}")
+    return 1 if status == "regression" else 0
+
+
+def _asv_part(
+    cfg: NightlyConfig,
+    suite: dict[str, Any],
+    sha: str,
+    base_entry: dict[str, Any] | None,
+    new: dict[str, Any],
+    new_path: Path,
+    run_cfg: RunConfig,
+    run_one: Callable[[CellKey, dict[str, Any], float], dict[str, Any]],
+    log: Callable[[str], None],
+    conf: Path,
+) -> tuple[list[AsvRow] | None, str, bool]:
+    """Run the asv suite on ``sha`` fed with the nightly's cells; compare with the base commit."""
+    asv = Asv(conf, log)
+    asv.ensure_machine()
+    env = asv_env(suite, new_path)
+    asv.run(sha, cfg.asv_bench, cfg.asv_quick, env)
+    if base_entry is None:
+        return None, "asv figures recorded for this commit; no base to compare with.", False
+    base_sha = base_entry["sha"]
+    if base_sha == sha:
+        return (
+            None,
+            f"asv figures recorded; the base night is the same commit ({sha[:10]}), nothing to compare.",
+            False,
+        )
+    if not base_entry.get("asv", False):
+        return None, f"the base night {base_sha[:10]} has no asv results; asv figures recorded only.", False
+    rows = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+    classify_asv(rows, cfg.higher_is_better, cfg.report_only)
+    flagged = [r for r in rows if r.verdict == "regression"]
+    for attempt in range(1, cfg.max_reruns + 1):
+        if not flagged:
+            break
+        benches: set[str] = set()
+        for r in flagged:
+            bench = r.name.split("(")[0]
+            benches.add(f"^{re.escape(bench)}$")
+            params = cell_params(r.name) if bench.startswith(CELL_BENCH_PREFIX) else None
+            if params and len(params) >= 3:
+                family, scale, phase = params[:3]
+                for mode in ("compile", "compile+optimus"):
+                    key = CellKey(family, scale, mode, phase)
+                    log(f"re-measuring cell {key.label()} behind asv figure {r.name}")
+                    results.upsert_cell(new, run_one(key, dict(new["config"]), run_cfg.timeout_s))
+        results.save_atomic(new_path, new)
+        log(f"asv rerun {attempt}: {sorted(benches)}")
+        asv.run(sha, sorted(benches), cfg.asv_quick, env)
+        rows2 = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+        classify_asv(rows2, cfg.higher_is_better, cfg.report_only)
+        still = {r.name for r in rows2 if r.verdict == "regression"}
+        by_name = {r.name: r for r in rows2}
+        for r in flagged:
+            if r.name not in still:
+                r.verdict = "not confirmed"
+                if r.name in by_name:
+                    r.after, r.ratio = by_name[r.name].after, by_name[r.name].ratio
+        flagged = [r for r in flagged if r.name in still]
+    note = f"`asv compare --factor {cfg.asv_factor}` of {base_sha[:10]} -> {sha[:10]}."
+    return rows, note, bool(flagged)

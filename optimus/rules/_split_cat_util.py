@@ -1,0 +1,378 @@
+"""Shared reading of split / cat / stack / unbind nodes for the split/cat rule family.
+
+WHY one module: the same tensor split reaches a graph as ``torch.split(x, 2, 1)``,
+``x.split([2, 2], dim=-1)``, ``torch.chunk``, ``x.split_with_sizes``, ``torch.tensor_split`` or
+(after another rewrite) a tuple slice of a split; cats come as ``torch.cat`` / ``torch.concat`` /
+``torch.concatenate`` with the dim positional, by keyword, negative or missing. Every rule here
+reads them through :func:`split_view`, :func:`cat_view`, :func:`stack_view` and
+:func:`unbind_view`, which answer in one form (input, non-negative dim, sizes read from the
+shapes the capture recorded), so no rule repeats the call-form cases or gets a negative dim
+wrong. They answer None whenever shapes are unknown or symbolic: rules then decline.
+
+It also holds :class:`NodeSetRule`, a rule base for rewrites that replace *several* nodes at
+once (e.g. every ``getitem`` of a split). The engine's horizontal commit path already does what
+such a rewrite needs (one replacement per member, all placed at one label, undone as a unit);
+this base only computes a label that fits every member. It belongs in the engine as a third rule
+kind; it lives here because the split/cat rules must not edit engine files.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import fx
+
+from ..meta import TensorMeta
+from .base import Candidate, Cost
+
+if TYPE_CHECKING:
+    from ..builder import Builder
+    from ..context import RewriteContext
+
+CALLS = ("call_function", "call_method")
+
+# Call forms the engine's normalize table does not know (read here by signature).
+_TENSOR_SPLIT_FUNCS: tuple[Any, ...] = (torch.tensor_split,)
+_SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
+    f for f in (getattr(torch, "split_with_sizes", None),) if f is not None
+)
+
+
+# -- small readers ------------------------------------------------------------------------------
+def rank_of(node: Any, ctx: RewriteContext) -> int | None:
+    meta = ctx.meta(node)
+    return None if meta is None else len(meta.shape)
+
+
+def norm_dim(dim: Any, rank: int | None) -> int | None:
+    """``dim`` in [0, rank) or None if it is not a plain int in [-rank, rank)."""
+    if rank is None or isinstance(dim, bool) or not isinstance(dim, int):
+        return None
+    if not -rank <= dim < rank:
+        return None
+    return dim % rank if rank else None
+
+
+def piece_metas(node: fx.Node, ctx: RewriteContext) -> tuple[TensorMeta, ...] | None:
+    metas = ctx.value_meta(node)
+    if not isinstance(metas, tuple) or not all(isinstance(m, TensorMeta) for m in metas):
+        return None
+    return metas
+
+
+def _bind(node: fx.Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
+    """Bind a call's args/kwargs to ``names`` (first is the tensor). None if it does not fit."""
+    args = list(node.args)
+    if len(args) > len(names):
+        return None
+    out = dict(zip(names, args, strict=False))
+    for key, value in node.kwargs.items():
+        key = {"tensor": "input", "self": "input"}.get(key, key)
+        if key in out or key not in names:
+            return None
+        out[key] = value
+    for key, value in defaults.items():
+        out.setdefault(key, value)
+    return out if all(n in out for n in names) else None
+
+
+# -- views ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitView:
+    """A node returning contiguous, non-overlapping pieces of ``input`` along ``dim``, in order,
+    that together cover it: ``sizes[i]`` is piece i's extent. Covers split (int or list),
+    split_with_sizes, chunk and tensor_split (when its pieces tile the input)."""
+
+    node: fx.Node
+    input: fx.Node
+    dim: int
+    sizes: tuple[int, ...]
+    form: str  # "split" | "chunk" | "split_with_sizes" | "tensor_split"
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out, acc = [], 0
+        for s in self.sizes:
+            out.append(acc)
+            acc += s
+        return tuple(out)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+
+def _split_args(node: fx.Node, ctx: RewriteContext) -> tuple[fx.Node, Any, str] | None:
+    """(input, dim, form) for any split-like call form, else None."""
+    if node.op not in CALLS:
+        return None
+    canon = ctx.canon(node)
+    if canon is not None and canon.op in ("split", "chunk") and not canon.inplace:
+        return canon["input"], canon["dim"], canon.op
+    name = node.target if node.op == "call_method" else None
+    if (node.op == "call_function" and node.target in _TENSOR_SPLIT_FUNCS) or name == "tensor_split":
+        bound = _bind(node, ("input", "indices_or_sections", "dim"), {"dim": 0})
+        if bound is None or isinstance(bound["indices_or_sections"], fx.Node):
+            return None
+        return bound["input"], bound["dim"], "tensor_split"
+    if (node.op == "call_function" and node.target in _SPLIT_WITH_SIZES_FUNCS) or name == "split_with_sizes":
+        bound = _bind(node, ("input", "split_sizes", "dim"), {"dim": 0})
+        if bound is None:
+            return None
+        return bound["input"], bound["dim"], "split_with_sizes"
+    return None
+
+
+def split_view(node: Any, ctx: RewriteContext) -> SplitView | None:
+    if not isinstance(node, fx.Node):
+        return None
+    found = _split_args(node, ctx)
+    if found is None:
+        return None
+    inp, dim, form = found
+    if not isinstance(inp, fx.Node):
+        return None
+    whole = ctx.meta(inp)
+    pieces = piece_metas(node, ctx)
+    if whole is None or pieces is None or not pieces:
+        return None
+    d = norm_dim(dim, len(whole.shape))
+    if d is None:
+        return None
+    for p in pieces:  # every piece keeps the rank and the other extents
+        if len(p.shape) != len(whole.shape) or any(
+            a != b for i, (a, b) in enumerate(zip(p.shape, whole.shape, strict=True)) if i != d
+        ):
+            return None
+    sizes = tuple(p.shape[d] for p in pieces)
+    if sum(sizes) != whole.shape[d]:
+        return None  # tensor_split with unsorted indices overlaps: not a tiling
+    return SplitView(node, inp, d, sizes, form)
+
+
+@dataclass(frozen=True)
+class UnbindView:
+    node: fx.Node
+    input: fx.Node
+    dim: int
+    count: int
+
+
+def unbind_view(node: Any, ctx: RewriteContext) -> UnbindView | None:
+    if not isinstance(node, fx.Node) or node.op not in CALLS:
+        return None
+    canon = ctx.canon(node)
+    if canon is None or canon.op != "unbind" or not isinstance(canon["input"], fx.Node):
+        return None
+    whole = ctx.meta(canon["input"])
+    pieces = piece_metas(node, ctx)
+    if whole is None or pieces is None:
+        return None
+    d = norm_dim(canon["dim"], len(whole.shape))
+    if d is None or len(pieces) != whole.shape[d]:
+        return None
+    return UnbindView(node, canon["input"], d, len(pieces))
+
+
+@dataclass(frozen=True)
+class ListView:
+    """``torch.cat(tensors, dim)`` or ``torch.stack(tensors, dim)`` with ``dim`` non-negative
+    (relative to the output's rank). A cat may read a split's whole tuple (symbolic_trace leaves
+    ``torch.cat(torch.split(x, 2))`` so): ``whole`` is then that split node and ``tensors`` empty."""
+
+    node: fx.Node
+    op: str  # "cat" | "stack"
+    tensors: tuple[fx.Node, ...]
+    dim: int
+    whole: fx.Node | None = None
+
+
+def _list_view(node: Any, ctx: RewriteContext, op: str) -> ListView | None:
+    if not isinstance(node, fx.Node) or node.op not in CALLS:
+        return None
+    canon = ctx.canon(node)
+    if canon is None or canon.op != op:
+        return None
+    out = ctx.meta(node)
+    if out is None:
+        return None
+    d = norm_dim(canon["dim"], len(out.shape))
+    if d is None:
+        return None
+    tensors = canon["tensors"]
+    if isinstance(tensors, fx.Node):  # the whole tuple of a split, passed as one value
+        if op != "cat" or split_view(tensors, ctx) is None:
+            return None
+        return ListView(node, op, (), d, whole=tensors)
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        return None
+    if not all(isinstance(t, fx.Node) for t in tensors):
+        return None
+    for t in tensors:  # legacy cat accepts 1-D empty tensors of any shape: not ours to reason about
+        meta = ctx.meta(t)
+        if meta is None or len(meta.shape) != (len(out.shape) if op == "cat" else len(out.shape) - 1):
+            return None
+    return ListView(node, op, tuple(tensors), d)
+
+
+def cat_view(node: Any, ctx: RewriteContext) -> ListView | None:
+    return _list_view(node, ctx, "cat")
+
+
+def stack_view(node: Any, ctx: RewriteContext) -> ListView | None:
+    return _list_view(node, ctx, "stack")
+
+
+# -- getitem bookkeeping -------------------------------------------------------------------------
+def _is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def item_of(node: Any) -> tuple[fx.Node, int] | None:
+    """``getitem(T, i)`` -> (T, i), seeing through tuple slices ``getitem(getitem(T, a:b), i)``."""
+    if not isinstance(node, fx.Node) or not _is_getitem(node) or len(node.args) != 2:
+        return None
+    src, idx = node.args
+    if not isinstance(src, fx.Node) or isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+        return None
+    if _is_getitem(src) and len(src.args) == 2 and isinstance(src.args[1], slice):
+        sl = src.args[1]
+        base = src.args[0]
+        if not isinstance(base, fx.Node) or sl.step not in (None, 1):
+            return None
+        start = sl.start or 0
+        if not isinstance(start, int) or start < 0:
+            return None
+        return base, start + idx
+    return src, idx
+
+
+def item_node(tuple_node: fx.Node, i: int) -> fx.Node | None:
+    """The first ``getitem(tuple_node, i)`` user, if any."""
+    for u in tuple_node.users:
+        if _is_getitem(u) and len(u.args) == 2 and u.args[1] == i:
+            return u
+    return None
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Users of a tuple-valued node: ``items[i]`` lists the ``getitem(node, i)`` users."""
+
+    items: dict[int, list[fx.Node]]
+    others: list[fx.Node]  # users that are not plain int getitems (e.g. a cat of the whole tuple)
+
+
+def pieces_of(node: fx.Node) -> Pieces:
+    items: dict[int, list[fx.Node]] = {}
+    others: list[fx.Node] = []
+    for u in node.users:
+        if _is_getitem(u) and len(u.args) == 2 and isinstance(u.args[1], int) and u.args[0] is node:
+            items.setdefault(u.args[1], []).append(u)
+        else:
+            others.append(u)
+    return Pieces(items, others)
+
+
+def only_used_by(node: fx.Node, users: Sequence[fx.Node]) -> bool:
+    """Every user of ``node`` is in ``users`` (so ``node`` dies when they stop reading it)."""
+    allowed = set(users)
+    return all(u in allowed for u in node.users)
+
+
+def tuple_dies_with(node: fx.Node, readers: Sequence[fx.Node]) -> bool:
+    """A tuple-valued node dies if each of its users is a getitem used only by ``readers``
+    (or is itself one of ``readers``)."""
+    allowed = set(readers)
+    for u in node.users:
+        if u in allowed:
+            continue
+        if not _is_getitem(u) or not only_used_by(u, readers):
+            return False
+    return True
+
+
+def all_movable(nodes: Sequence[Any], ctx: RewriteContext) -> bool:
+    """No node is ordered (effectful, or in the alias class of a mutated value)."""
+    return all(not isinstance(n, fx.Node) or ctx.movable(n) for n in nodes)
+
+
+def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
+    """Would replacing ``old`` by ``new`` return a model input or parameter itself (not a copy)
+    as a graph output? We decline that: a caller mutating the output would mutate the input."""
+    return new.op in ("placeholder", "get_attr") and any(u.op == "output" for u in old.users)
+
+
+# -- costs ---------------------------------------------------------------------------------------
+VIEW = Cost(launches=1.0)  # split / unbind / narrow / slice: one dispatch, no data moved
+
+
+def copy_cost(node: fx.Node, ctx: RewriteContext) -> Cost:
+    """cat / stack: one launch, reads and writes the output once."""
+    meta = ctx.meta(node)
+    return Cost(launches=1.0, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
+
+
+# -- multi-node rewrites ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Found:
+    """One rewrite a :class:`NodeSetRule` offers: replace each of ``members`` (by ``build``)."""
+
+    members: tuple[fx.Node, ...]
+    before: Cost
+    after: Cost
+    data: Any = None
+
+
+def fitting_label(members: Sequence[fx.Node], ctx: RewriteContext) -> float | None:
+    """A label strictly between every member's inputs and users (the engine's placement rule),
+    or None when the members' windows do not overlap."""
+    lo = max(ctx.index.input_label(m) for m in members)
+    hi = min(ctx.index.user_label(m) for m in members)
+    if not lo < hi:
+        return None
+    return lo + 0.5 if math.isinf(hi) else (lo + hi) / 2.0
+
+
+class NodeSetRule:
+    """Replace a set of nodes at once (one replacement each). Override ``find`` and ``build``.
+
+    ``find(node, ctx)`` looks at one anchor node and returns a :class:`Found` (or None);
+    ``build(members, data, b)`` returns one replacement per member: an existing node or one built
+    with ``b``. The engine's horizontal path commits it (kind "horizontal"), rewiring each
+    member's users and undoing all of it together on rollback."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "horizontal"
+
+    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        raise NotImplementedError
+
+    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node] | None:
+        raise NotImplementedError
+
+    def match(self, ctx: RewriteContext) -> list[Candidate]:
+        out: list[Candidate] = []
+        claimed: set[fx.Node] = set()
+        for node in ctx.index.nodes:
+            if node.op not in CALLS or not ctx.movable(node):
+                continue
+            found = self.find(node, ctx)
+            if found is None or not found.members or not all_movable(found.members, ctx):
+                continue
+            if any(m in claimed for m in found.members):
+                continue  # one rewrite per member per round
+            label = fitting_label(found.members, ctx)
+            if label is None:
+                continue
+            claimed.update(found.members)
+            out.append(Candidate(self.name, found.members, found.before, found.after, label, found.data))
+        return out
+
+    def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
+        return self.build(cand.nodes, cand.data, b)

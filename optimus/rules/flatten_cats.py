@@ -1,0 +1,53 @@
+"""flatten_cats: cat([a, cat([b, c], d), e], d) -> cat([a, b, c, e], d), when the inner cat is
+along the same dim and read only by the outer cat.
+
+WHY: nested concatenation copies the inner pieces twice; one cat copies each byte once. An inner
+cat with other readers is left alone (it is computed anyway, so inlining saves nothing), as are
+different dims, a cat of a whole split tuple, and mutated/effectful nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..builder import Builder
+from ..context import RewriteContext
+from ._split_cat_util import Found, NodeSetRule, all_movable, cat_view, copy_cost, only_used_by
+
+
+class FlattenCats(NodeSetRule):
+    name = "flatten_cats"
+
+    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        outer = cat_view(node, ctx)
+        if outer is None or outer.whole is not None:
+            return None
+        flat: list[fx.Node] = []
+        before = copy_cost(node, ctx)
+        inlined: set[fx.Node] = set()
+        for t in outer.tensors:
+            inner = cat_view(t, ctx)
+            if (
+                inner is not None
+                and inner.whole is None
+                and inner.dim == outer.dim
+                and only_used_by(t, [node])
+                and all_movable([t], ctx)
+            ):
+                flat.extend(inner.tensors)
+                if t not in inlined:  # a cat listed twice is still computed once
+                    before = before + copy_cost(t, ctx)
+                    inlined.add(t)
+            else:
+                flat.append(t)
+        if not inlined:
+            return None
+        return Found((node,), before, copy_cost(node, ctx), (tuple(flat), outer.dim))
+
+    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        tensors, dim = data
+        return [b.call(torch.cat, list(tensors), dim=dim)]

@@ -1,0 +1,106 @@
+"""normalize_split_cat: every split/cat/stack/unbind call form -> one canonical form, when shapes are known.
+
+    torch.split(x, 2, 1) | x.split(2, -1) | torch.chunk(x, 4, 1) | x.split_with_sizes([2, 2], 1)
+        | torch.tensor_split(x, 2, 1)          -> torch.split(x, [2, 2, ...], dim=1)
+    torch.cat(xs, -1) | torch.concat(xs, dim=1) | torch.concatenate(xs, axis=1) -> torch.cat([...], dim=1)
+    torch.stack(xs, -1) | ...                   -> torch.stack([...], dim=d)   (d >= 0)
+    x.unbind(-1) | torch.unbind(x, 1)           -> torch.unbind(x, dim=d)      (d >= 0)
+    getitem(getitem(T, slice(a, b)), i)         -> getitem(T, a + i)   (left by merge_splits)
+
+WHY: sizes become an explicit list (chunk and tensor_split sizes are read from the recorded
+shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative and
+keyword, so the other rules, CSE and later passes see one form. The value of every node is
+unchanged, so it runs as a cleanup (each round, not cost-checked). Ordered nodes (effects,
+mutated alias classes) are left alone. A tensor_split whose pieces do not tile the input
+(unsorted indices) is not a split and is left alone.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..context import RewriteContext
+from ._split_cat_util import cat_view, split_view, stack_view, unbind_view
+from .base import CleanupRule
+
+
+def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+    """(target, args, kwargs) of ``node``'s canonical form, or None if we do not know it."""
+    split = split_view(node, ctx)
+    if split is not None:
+        return torch.split, (split.input, list(split.sizes)), {"dim": split.dim}
+    unbind = unbind_view(node, ctx)
+    if unbind is not None:
+        return torch.unbind, (unbind.input,), {"dim": unbind.dim}
+    for view, target in ((cat_view(node, ctx), torch.cat), (stack_view(node, ctx), torch.stack)):
+        if view is not None and view.whole is None:
+            return target, (list(view.tensors),), {"dim": view.dim}
+    return None
+
+
+def _same(node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if node.op != "call_function" or node.target is not target or node.kwargs != kwargs:
+        return False
+    if len(node.args) != len(args):
+        return False
+    for have, want in zip(node.args, args, strict=True):
+        if isinstance(want, list):
+            if not isinstance(have, list) or have != want:
+                return False
+        elif have is not want:
+            return False
+    return True
+
+
+def _folded_index(node: fx.Node) -> tuple[fx.Node, int] | None:
+    """getitem(getitem(T, slice(a, b)), i) -> (T, a + i) for a plain forward slice."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return None
+    src, i = node.args
+    if not isinstance(src, fx.Node) or isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        return None
+    if src.op != "call_function" or src.target is not operator.getitem or len(src.args) != 2:
+        return None
+    base, sl = src.args
+    if not isinstance(base, fx.Node) or not isinstance(sl, slice) or sl.step not in (None, 1):
+        return None
+    start = 0 if sl.start is None else sl.start
+    if not isinstance(start, int) or start < 0:
+        return None
+    if sl.stop is not None and (not isinstance(sl.stop, int) or sl.stop < 0 or start + i >= sl.stop):
+        return None
+    return base, start + i
+
+
+class NormalizeSplitCat(CleanupRule):
+    name = "normalize_split_cat"
+
+    def run(self, ctx: RewriteContext) -> int:
+        # Decide everything on the graph as indexed, then rewrite in graph order, mapping
+        # references to nodes replaced earlier in this pass (the cached canonical forms of their
+        # users would otherwise still name the old node).
+        plan: list[tuple[fx.Node, tuple[Any, tuple[Any, ...], dict[str, Any]]]] = []
+        for node in ctx.index.nodes:
+            if node.op not in ("call_function", "call_method") or not ctx.movable(node):
+                continue
+            folded = _folded_index(node)
+            if folded is not None:
+                plan.append((node, (operator.getitem, folded, {})))
+                continue
+            call = _canonical(node, ctx)
+            if call is not None and not _same(node, *call):
+                plan.append((node, call))
+        replaced: dict[fx.Node, fx.Node] = {}
+        for node, (target, args, kwargs) in plan:
+            args = fx.node.map_arg(args, lambda n: replaced.get(n, n))
+            with ctx.graph.inserting_before(node):
+                new = ctx.graph.call_function(target, args, kwargs)
+            new.meta.update(node.meta)  # same value, so the recorded shapes stay right
+            node.replace_all_uses_with(new)
+            ctx.graph.erase_node(node)
+            replaced[node] = new
+        return len(plan)

@@ -1,0 +1,100 @@
+"""stack_unbind: unbind(stack(xs, d), d)[i] -> xs[i], and stack(unbind(x, d)[i..j], d) -> x (all
+pieces) or x.narrow(d, i, j - i + 1) (a run), when both use the same dim and the order matches.
+
+WHY: horizontal fusion stacks inputs and unbinds outputs; chained fused ops (or a model that
+stacks and later iterates) produce these round trips. The stack copy and the unbind dispatch go
+away. Declines when dims differ, pieces are permuted, repeated or with gaps, the unbind's tuple
+is used other than through getitems, nodes are mutated/effectful, or the result would return a
+model input or parameter itself as a graph output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..builder import Builder
+from ..context import RewriteContext
+from ._split_cat_util import (
+    VIEW,
+    Found,
+    NodeSetRule,
+    all_movable,
+    copy_cost,
+    is_graph_output_alias,
+    item_of,
+    only_used_by,
+    pieces_of,
+    stack_view,
+    tuple_dies_with,
+    unbind_view,
+)
+from .base import Cost
+
+
+class StackUnbind(NodeSetRule):
+    name = "stack_unbind"
+
+    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        return self._unbind_of_stack(node, ctx) or self._stack_of_unbind(node, ctx)
+
+    def _unbind_of_stack(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        unbind = unbind_view(node, ctx)
+        if unbind is None:
+            return None
+        stack = stack_view(unbind.input, ctx)
+        if stack is None or stack.dim != unbind.dim or len(stack.tensors) != unbind.count:
+            return None
+        pieces = pieces_of(node)
+        if pieces.others or not pieces.items:
+            return None
+        members = tuple(g for i in sorted(pieces.items) for g in pieces.items[i])
+        if not all_movable([unbind.input, *stack.tensors, *members], ctx):
+            return None
+        index = {g: i for i, gs in pieces.items.items() for g in gs}
+        if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
+            return None
+        before = VIEW
+        if only_used_by(unbind.input, [node]):
+            before = before + copy_cost(unbind.input, ctx)
+        return Found(members, before, Cost(), ("items", tuple(stack.tensors[index[g]] for g in members)))
+
+    def _stack_of_unbind(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        stack = stack_view(node, ctx)
+        if stack is None:
+            return None
+        items = [item_of(t) for t in stack.tensors]
+        if any(it is None for it in items):
+            return None
+        sources = {it[0] for it in items if it is not None}
+        if len(sources) != 1:
+            return None
+        source = sources.pop()
+        unbind = unbind_view(source, ctx)
+        indices = [it[1] for it in items if it is not None]
+        first = indices[0]
+        if unbind is None or unbind.dim != stack.dim or indices != list(range(first, first + len(indices))):
+            return None
+        if indices[-1] >= unbind.count or not all_movable([source, *stack.tensors], ctx):
+            return None
+        full = len(indices) == unbind.count
+        if full and is_graph_output_alias(node, unbind.input):
+            return None
+        if not full and len(indices) < 2:
+            return None  # stack of one slice: a copy vs an unsqueeze view, not worth a rule
+        before = copy_cost(node, ctx)
+        if tuple_dies_with(source, [node]):
+            before = before + VIEW
+        after = Cost() if full else VIEW
+        return Found((node,), before, after, ("whole", unbind.input, stack.dim, first, len(indices), full))
+
+    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        if data[0] == "items":
+            return list(data[1])
+        _, source, dim, start, length, full = data
+        if full:
+            return [source]
+        return [b.call(torch.narrow, source, dim, start, length)]

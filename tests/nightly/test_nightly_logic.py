@@ -1,0 +1,204 @@
+"""The nightly's decisions without measuring: config validation, reruns, asv table reading.
+
+Seeded synthetic samples stand in for cells, and a scripted ``rerun`` stands in for a fresh
+measurement, so each rule (confirm only what every measurement flags; a speedup that drops
+is the regression; report-only figures never gate) is checked exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness import compare, measure, nightly
+from harness.spec import CellKey
+
+TH = compare.Thresholds()
+
+
+def cell(model: str, median_ms: float, seed: int, n: int = 120, mode: str = "eager") -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    samples = [float(v) for v in median_ms * (1 + 0.03 * rng.standard_normal(n))]
+    return {
+        "model": model,
+        "scale": "tiny",
+        "mode": mode,
+        "phase": "infer",
+        "status": "ok",
+        "error": None,
+        "latency_ms": {"median": float(np.median(samples)), "iqr": 0.0, "samples": samples},
+        "peak_mem_bytes": 1_000_000,
+        "compile_s": 0.0,
+        "optimus_s": None,
+        "nodes_before": None,
+        "nodes_after": None,
+        "max_abs_err": 0.0,
+    }
+
+
+def doc(*cells: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": 1, "kind": "optimus-bench-results", "env": {}, "config": {}, "cells": list(cells)}
+
+
+def scripted(replies: dict[str, list[dict[str, Any]]]) -> Any:
+    calls: list[str] = []
+
+    def rerun(key: CellKey) -> dict[str, Any]:
+        calls.append(key.label())
+        return replies[key.label()].pop(0)
+
+    rerun.calls = calls  # type: ignore[attr-defined]
+    return rerun
+
+
+def test_unchanged_cells_are_not_flagged_and_not_rerun() -> None:
+    base, new = doc(cell("a", 1.0, 1), cell("b", 2.0, 2)), doc(cell("a", 1.0, 3), cell("b", 2.0, 4))
+    rerun = scripted({})
+    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    assert out.first_flagged == set() and out.confirmed == set()
+    assert rerun.calls == []
+
+
+def test_slowdown_flagged_twice_is_confirmed() -> None:
+    base, new = doc(cell("a", 1.0, 1), cell("b", 2.0, 2)), doc(cell("a", 1.15, 3), cell("b", 2.0, 4))
+    rerun = scripted({"a/tiny/eager/infer": [cell("a", 1.15, 5)]})
+    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    assert out.confirmed == {("a/tiny/eager/infer", "latency_ms")}
+    assert rerun.calls == ["a/tiny/eager/infer"]
+    assert [r.verdict for r in out.rows if r.metric == "latency_ms" and r.cell.startswith("a/")] == [
+        "regression"
+    ]
+
+
+def test_flag_that_a_rerun_does_not_repeat_is_not_a_regression() -> None:
+    base, new = doc(cell("a", 1.0, 1)), doc(cell("a", 1.3, 3))  # a noisy night
+    rerun = scripted({"a/tiny/eager/infer": [cell("a", 1.0, 6)]})
+    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    assert out.first_flagged == {("a/tiny/eager/infer", "latency_ms")}
+    assert out.confirmed == set()
+    assert out.reruns[0].flagged == []
+    # the stored cell is the re-measurement
+    assert abs(new["cells"][0]["latency_ms"]["median"] - 1.0) < 0.05
+
+
+def test_metric_must_be_flagged_by_every_measurement() -> None:
+    base = doc(cell("a", 1.0, 1))
+    slow = cell("a", 1.2, 2)
+    slow_mem = copy.deepcopy(cell("a", 1.0, 3))
+    slow_mem["peak_mem_bytes"] = 2_000_000  # the rerun flags memory, not latency
+    rerun = scripted({"a/tiny/eager/infer": [slow_mem]})
+    out = nightly.confirm_regressions(base, doc(slow), TH, rerun, max_reruns=1)
+    assert out.confirmed == set()
+    assert {r.verdict for r in out.rows if r.metric == "peak_mem_bytes"} == {"not confirmed"}
+
+
+def test_no_reruns_means_first_flag_counts() -> None:
+    rerun = scripted({})
+    out = nightly.confirm_regressions(doc(cell("a", 1.0, 1)), doc(cell("a", 1.2, 2)), TH, rerun, 0)
+    assert out.confirmed == {("a/tiny/eager/infer", "latency_ms")}
+
+
+def test_failed_cell_is_a_regression_after_rerun() -> None:
+    broken = cell("a", 1.0, 2)
+    broken.update(status="failed", error="RuntimeError: boom", latency_ms=None)
+    rerun = scripted({"a/tiny/eager/infer": [copy.deepcopy(broken)]})
+    out = nightly.confirm_regressions(doc(cell("a", 1.0, 1)), doc(broken), TH, rerun, 1)
+    assert out.confirmed == {("a/tiny/eager/infer", "status")}
+
+
+def test_config_file_in_repo_loads() -> None:
+    cfg = nightly.load_config()
+    assert cfg.thresholds.latency > 0 and cfg.max_reruns >= 1
+    assert "track_speedup" in cfg.higher_is_better
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"harness": {"latency": -1}}, "latency: threshold must be >= 0"),
+        ({"harness": {"latncy": 0.1}}, "unknown field(s) ['latncy']"),
+        ({"asv": {"factor": 0.9}}, "asv.factor must be >= 1.0"),
+        ({"rerun": {"max_reruns": -1}}, "rerun.max_reruns must be an integer >= 0"),
+        ({"suite": {"model": ["x"]}}, "suite: unknown field(s) ['model']"),
+        ({"extra": 1}, "unknown field(s) ['extra']"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, patch: dict[str, Any], message: str) -> None:
+    cfg = json.loads(nightly.DEFAULT_CONFIG.read_text())
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k].update(v)
+        else:
+            cfg[k] = v
+    p = tmp_path / "cfg.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        nightly.load_config(p)
+    assert message in str(e.value)
+
+
+ASV_TABLE = """
+| Change   | Before [aaaaaaaa] <main~1>   | After [bbbbbbbb] <main>   |   Ratio | Benchmark (Parameter)                                                           |
+|----------|------------------------------|---------------------------|---------|---------------------------------------------------------------------------------|
+| +        | 10.0±0.1ms                   | 12.0±0.1ms                |    1.2  | bench_optimizer.OptimizeSynthetic.time_optimize(64)                             |
+| -        | 1.30x                        | 1.10x                     |    0.85 | bench_compiled.CompiledSpeedup.track_speedup('towers', 'tiny', 'infer')         |
+| +        | 3.0s                         | 4.0s                      |    1.33 | bench_compiled.CompiledCells.track_compile_s('towers', 'tiny', 'infer', 'compile') |
+|          | 100nodes                     | 100nodes                  |    1    | bench_compiled.OptimizedGraph.track_nodes_after('towers', 'tiny', 'infer')      |
+| !        | 5.0M                         | failed                    |     n/a | bench_memory.EagerTrainStep.peakmem_train_step('dlrm', 'tiny')                  |
+| x        | 1.0                          | 2.0                       |    2    | bench_compiled.CompiledSpeedup.track_peak_mem_ratio('towers', 'tiny', 'train')  |
+"""
+
+
+def test_asv_table_is_read_and_directions_respected() -> None:
+    rows = nightly.parse_asv_compare(ASV_TABLE)
+    assert len(rows) == 6
+    nightly.classify_asv(rows, ["track_speedup"], ["bench_compiled.CompiledCells."])
+    verdicts = {r.name.split("(")[0].rsplit(".", 1)[1]: r.verdict for r in rows}
+    assert verdicts == {
+        "time_optimize": "regression",
+        "track_speedup": "regression",  # asv says '-' (smaller); smaller speedup is worse
+        "track_compile_s": "regression (report only)",
+        "track_nodes_after": "no change",
+        "peakmem_train_step": "regression",
+        "track_peak_mem_ratio": "not comparable",
+    }
+
+
+def test_speedup_increase_is_an_improvement() -> None:
+    rows = nightly.parse_asv_compare(ASV_TABLE.replace("| -        | 1.30x", "| +        | 1.30x"))
+    nightly.classify_asv(rows, ["track_speedup"], [])
+    assert [r.verdict for r in rows if "track_speedup" in r.name] == ["improvement"]
+
+
+def test_cell_params_of_asv_names() -> None:
+    assert nightly.cell_params("b.C.track_speedup('towers', 'tiny', 'infer')") == ("towers", "tiny", "infer")
+    assert nightly.cell_params("b.C.time_optimize(64)") == ("64",)
+    assert nightly.cell_params("b.C.time_x") is None
+
+
+@pytest.mark.parametrize("raw", ["abc", "-0.1", "nan", "inf"])
+def test_injected_slowdown_rejects_bad_values(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, raw)
+    with pytest.raises(ValueError, match="OPTIMUS_BENCH_INJECT_SLOWDOWN"):
+        measure.injected_slowdown()
+
+
+def test_injected_slowdown_lengthens_each_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    def step() -> None:
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+
+    monkeypatch.delenv(measure.INJECT_SLOWDOWN_ENV, raising=False)
+    plain = measure.time_iterations(step, warmup=1, min_iters=30, max_iters=30, budget_s=0)
+    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, "0.5")
+    slowed = measure.time_iterations(step, warmup=1, min_iters=30, max_iters=30, budget_s=0)
+    ratio = float(np.median(slowed) / np.median(plain))
+    assert 1.35 < ratio < 1.7, ratio
