@@ -24,9 +24,10 @@ from torch import fx, nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "optimus"))
 
-import optimus  # noqa: E402
-from optimus.backend import LAST_REPORTS  # noqa: E402
-from optimus_models import Towers  # noqa: E402
+from optimus_models import Towers
+
+import optimus
+from optimus.backend import LAST_REPORTS
 
 PEER_OPTIONS: dict[str, dict[str, Any]] = {
     "normalization_pass": {},
@@ -129,17 +130,30 @@ def main() -> None:
     for mode in fns:
         med, iqr = q(samples[mode])
         ref = base["compile" if mode.startswith("compile") else "eager"]
-        rows.append({"mode": mode, "fx_nodes": nodes[mode], "median_us": med, "iqr_us": iqr,
-                     "speedup": ref / med, "compile_s": compile_s.get(mode), "max_abs_err": errors[mode]})
-    print(f"towers={args.towers} width={args.width} hidden={args.hidden} batch={args.batch} "
-          f"threads={args.threads} rounds={args.rounds}x{args.iters} torch={torch.__version__}")
+        rows.append(
+            {
+                "mode": mode,
+                "fx_nodes": nodes[mode],
+                "median_us": med,
+                "iqr_us": iqr,
+                "speedup": ref / med,
+                "compile_s": compile_s.get(mode),
+                "max_abs_err": errors[mode],
+            }
+        )
+    print(
+        f"towers={args.towers} width={args.width} hidden={args.hidden} batch={args.batch} "
+        f"threads={args.threads} rounds={args.rounds}x{args.iters} torch={torch.__version__}"
+    )
     print(f"optimus report (eager+optimus): {opt.optimus_report.rules_fired}")
     print("| mode | FX nodes | latency median (us) | IQR (us) | vs eager/compile | compile s | max abs err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cs = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
-        print(f"| {r['mode']} | {r['fx_nodes']} | {r['median_us']:.1f} | {r['iqr_us']:.1f} | "
-              f"{r['speedup']:.2f}x | {cs} | {r['max_abs_err']:.1e} |")
+        print(
+            f"| {r['mode']} | {r['fx_nodes']} | {r['median_us']:.1f} | {r['iqr_us']:.1f} | "
+            f"{r['speedup']:.2f}x | {cs} | {r['max_abs_err']:.1e} |"
+        )
     if args.out:
         payload = {"args": vars(args), "torch": torch.__version__, "rows": rows, "samples_us": samples}
         directory = os.path.dirname(os.path.abspath(args.out))
