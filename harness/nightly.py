@@ -332,6 +332,32 @@ class Asv:
         )
 
 
+def read_asv_conf(conf: Path) -> dict[str, Any]:
+    """asv.conf.json allows // comments; strip whole-line ones and parse."""
+    text = re.sub(r"^\s*//.*$", "", conf.read_text(), flags=re.M)
+    return dict(json.loads(text))
+
+
+def asv_config_for_branch(conf: Path, branch: str | None, out_dir: Path) -> Path:
+    """The config to publish with: asv graphs only commits of its ``branches`` (``main``).
+
+    For a nightly on another branch (a release branch, a feature branch run by hand) this
+    writes a copy listing that branch too, with every path made absolute so the copy works
+    from anywhere. On a configured branch the repository's own file is returned.
+    """
+    doc = read_asv_conf(conf)
+    if not branch or branch == "HEAD" or branch in doc.get("branches", []):
+        return conf
+    root = conf.resolve().parent
+    doc["branches"] = [*doc.get("branches", []), branch]
+    for key in ("repo", "results_dir", "html_dir", "env_dir", "benchmark_dir"):
+        if key in doc:
+            doc[key] = str((root / doc[key]).resolve())
+    out = out_dir / f"asv.{re.sub(r'[^A-Za-z0-9_.-]', '_', branch)}.conf.json"
+    write_atomic(out, json.dumps(doc, indent=1) + "\n")
+    return out
+
+
 def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
     """Environment of the asv benchmarks: the nightly's grid and its measured cells."""
     return {
@@ -427,6 +453,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
+    p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
     p.add_argument("--summary", help="also append the markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
@@ -489,14 +516,21 @@ def main_from_args(args: argparse.Namespace) -> int:
     asv_rows: list[AsvRow] | None = None
     asv_note = ""
     asv_regressed = False
+    asv_ran = False
     if args.no_asv or not cfg.asv_enabled:
         asv_note = "asv part skipped (--no-asv or asv.enabled=false)."
     elif git["dirty"]:
         asv_note = "asv part skipped: the working tree has uncommitted changes, and asv measures commits."
     else:
+        asv_ran = True
         asv_rows, asv_note, asv_regressed = _asv_part(
             cfg, suite, sha, base_entry, new, new_path, run_cfg, run_one, log, Path(args.asv_config)
         )
+
+    if args.publish and asv_ran:
+        pub_conf = asv_config_for_branch(Path(args.asv_config), git["branch"], REPO_ROOT / "results" / "tmp")
+        Asv(pub_conf, log)("publish")
+        asv_note += f" Dashboard published with {pub_conf.name} (see docs/asv.md to view it)."
 
     harness_regressed = outcome is not None and bool(outcome.confirmed)
     status = (
@@ -526,7 +560,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         "status": "pass" if status == "baseline" else status,
         "base": base_entry["sha"] if base_entry else None,
         "base_results": base_entry["results"] if base_entry else None,
-        "asv": asv_rows is not None,
+        "asv": asv_ran,
     }
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
