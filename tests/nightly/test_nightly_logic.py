@@ -189,16 +189,20 @@ def test_injected_slowdown_rejects_bad_values(monkeypatch: pytest.MonkeyPatch, r
 
 
 def test_injected_slowdown_lengthens_each_sample(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
+    """On a fake clock (every read advances 1 us; a step advances 2 ms) the sample is exact."""
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 1e-6
+        return clock[0]
 
     def step() -> None:
-        end = time.perf_counter() + 0.002
-        while time.perf_counter() < end:
-            pass
+        clock[0] += 2e-3
 
+    monkeypatch.setattr(measure.time, "perf_counter", perf_counter)
     monkeypatch.delenv(measure.INJECT_SLOWDOWN_ENV, raising=False)
-    plain = measure.time_iterations(step, warmup=1, min_iters=30, max_iters=30, budget_s=0)
-    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, "0.5")
-    slowed = measure.time_iterations(step, warmup=1, min_iters=30, max_iters=30, budget_s=0)
-    ratio = float(np.median(slowed) / np.median(plain))
-    assert 1.35 < ratio < 1.7, ratio
+    plain = measure.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
+    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, "0.15")
+    slowed = measure.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
+    assert np.median(plain) == pytest.approx(2.0, rel=0.01)
+    assert np.median(slowed) / np.median(plain) == pytest.approx(1.15, rel=0.01)
