@@ -297,9 +297,10 @@ def cell_params(name: str) -> tuple[str, ...] | None:
 class Asv:
     """Runs the asv command line of this repository (``python -m asv``) from the repo root."""
 
-    def __init__(self, conf: Path, log: Callable[[str], None]) -> None:
+    def __init__(self, conf: Path, log: Callable[[str], None], machine: str | None = None) -> None:
         self.conf = conf
         self.log = log
+        self.machine = ["--machine", machine] if machine else []
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         cmd = [sys.executable, "-m", "asv", *args, "--config", str(self.conf)]
@@ -315,10 +316,10 @@ class Asv:
 
     def ensure_machine(self) -> None:
         if not (Path.home() / ".asv-machine.json").exists():
-            self("machine", "--yes")
+            self("machine", "--yes", *self.machine)
 
     def run(self, sha: str, benches: Iterable[str], quick: bool, env: dict[str, str]) -> str:
-        args = ["run", "--show-stderr", "--launch-method", "spawn"]
+        args = ["run", "--show-stderr", "--launch-method", "spawn", *self.machine]
         if quick:
             args.append("--quick")
         for b in benches:
@@ -328,7 +329,15 @@ class Asv:
 
     def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
         return self(
-            "compare", "--factor", str(factor), "--no-only-changed", "--sort", "name", base_sha, new_sha
+            "compare",
+            *self.machine,
+            "--factor",
+            str(factor),
+            "--no-only-changed",
+            "--sort",
+            "name",
+            base_sha,
+            new_sha,
         )
 
 
@@ -454,6 +463,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
     p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
+    p.add_argument("--asv-machine", help="asv machine name (default: asv's, from ~/.asv-machine.json)")
     p.add_argument("--summary", help="also append the markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
@@ -524,7 +534,17 @@ def main_from_args(args: argparse.Namespace) -> int:
     else:
         asv_ran = True
         asv_rows, asv_note, asv_regressed = _asv_part(
-            cfg, suite, sha, base_entry, new, new_path, run_cfg, run_one, log, Path(args.asv_config)
+            cfg,
+            suite,
+            sha,
+            base_entry,
+            new,
+            new_path,
+            run_cfg,
+            run_one,
+            log,
+            Path(args.asv_config),
+            args.asv_machine,
         )
 
     if args.publish and asv_ran:
@@ -584,9 +604,10 @@ def _asv_part(
     run_one: Callable[[CellKey, dict[str, Any], float], dict[str, Any]],
     log: Callable[[str], None],
     conf: Path,
+    machine: str | None,
 ) -> tuple[list[AsvRow] | None, str, bool]:
     """Run the asv suite on ``sha`` fed with the nightly's cells; compare with the base commit."""
-    asv = Asv(conf, log)
+    asv = Asv(conf, log, machine)
     asv.ensure_machine()
     env = asv_env(suite, new_path)
     asv.run(sha, cfg.asv_bench, cfg.asv_quick, env)
