@@ -297,10 +297,13 @@ def cell_params(name: str) -> tuple[str, ...] | None:
 class Asv:
     """Runs the asv command line of this repository (``python -m asv``) from the repo root."""
 
-    def __init__(self, conf: Path, log: Callable[[str], None], machine: str | None = None) -> None:
+    def __init__(
+        self, conf: Path, log: Callable[[str], None], machine: str | None = None, logfile: Path | None = None
+    ) -> None:
         self.conf = conf
         self.log = log
         self.machine = ["--machine", machine] if machine else []
+        self.logfile = logfile
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         cmd = [sys.executable, "-m", "asv", *args, "--config", str(self.conf)]
@@ -308,6 +311,10 @@ class Asv:
         proc = subprocess.run(
             cmd, cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
         )
+        if self.logfile is not None:
+            self.logfile.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.logfile, "a", encoding="utf-8") as f:
+                f.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n(exit {proc.returncode})\n\n")
         if check and proc.returncode != 0:
             raise RuntimeError(
                 f"asv {args[0]} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -355,16 +362,31 @@ def asv_config_for_branch(conf: Path, branch: str | None, out_dir: Path) -> Path
     from anywhere. On a configured branch the repository's own file is returned.
     """
     doc = read_asv_conf(conf)
-    if not branch or branch == "HEAD" or branch in doc.get("branches", []):
-        return conf
     root = conf.resolve().parent
-    doc["branches"] = [*doc.get("branches", []), branch]
+    configured = list(doc.get("branches", []))
+    present = [b for b in configured if _branch_exists(root, b)]
+    if branch and branch != "HEAD" and branch not in present:
+        present.append(branch)
+    if present == configured:
+        return conf
+    if not present:
+        raise ValueError(
+            f"asv publish: none of the branches {configured} exists in {root}, and HEAD is detached"
+        )
+    doc["branches"] = present
     for key in ("repo", "results_dir", "html_dir", "env_dir", "benchmark_dir"):
         if key in doc:
             doc[key] = str((root / doc[key]).resolve())
-    out = out_dir / f"asv.{re.sub(r'[^A-Za-z0-9_.-]', '_', branch)}.conf.json"
+    out = out_dir / f"asv.{re.sub(r'[^A-Za-z0-9_.-]', '_', '+'.join(present))}.conf.json"
     write_atomic(out, json.dumps(doc, indent=1) + "\n")
     return out
+
+
+def _branch_exists(repo: Path, branch: str) -> bool:
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
+    )
+    return proc.returncode == 0
 
 
 def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
@@ -492,6 +514,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     new_rel = f"runs/{stamp}-{sha[:8]}.json"
+    asv_log = new_rel.replace(".json", ".asv.log")
     new_path = store / new_rel
 
     from harness.runner import run_one, run_suite
@@ -545,12 +568,9 @@ def main_from_args(args: argparse.Namespace) -> int:
             log,
             Path(args.asv_config),
             args.asv_machine,
+            store / asv_log,
         )
-
-    if args.publish and asv_ran:
-        pub_conf = asv_config_for_branch(Path(args.asv_config), git["branch"], REPO_ROOT / "results" / "tmp")
-        Asv(pub_conf, log)("publish")
-        asv_note += f" Dashboard published with {pub_conf.name} (see docs/asv.md to view it)."
+        asv_note += f" asv output: `{asv_log}`."
 
     harness_regressed = outcome is not None and bool(outcome.confirmed)
     status = (
@@ -590,7 +610,18 @@ def main_from_args(args: argparse.Namespace) -> int:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
-    return 1 if status == "regression" else 0
+    rc = 1 if status == "regression" else 0
+    if args.publish and asv_ran:
+        try:
+            pub_conf = asv_config_for_branch(
+                Path(args.asv_config), git["branch"], REPO_ROOT / "results" / "tmp"
+            )
+            Asv(pub_conf, log, args.asv_machine, store / asv_log)("publish")
+            log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
+        except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
+            log(f"asv publish failed: {e}")
+            rc = rc or 2
+    return rc
 
 
 def _asv_part(
@@ -605,9 +636,10 @@ def _asv_part(
     log: Callable[[str], None],
     conf: Path,
     machine: str | None,
+    logfile: Path,
 ) -> tuple[list[AsvRow] | None, str, bool]:
     """Run the asv suite on ``sha`` fed with the nightly's cells; compare with the base commit."""
-    asv = Asv(conf, log, machine)
+    asv = Asv(conf, log, machine, logfile)
     asv.ensure_machine()
     env = asv_env(suite, new_path)
     asv.run(sha, cfg.asv_bench, cfg.asv_quick, env)

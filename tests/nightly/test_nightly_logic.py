@@ -206,3 +206,26 @@ def test_injected_slowdown_lengthens_each_sample(monkeypatch: pytest.MonkeyPatch
     slowed = measure.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
     assert np.median(plain) == pytest.approx(2.0, rel=0.01)
     assert np.median(slowed) / np.median(plain) == pytest.approx(1.15, rel=0.01)
+
+
+def test_publish_config_lists_only_existing_branches_plus_the_current_one(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)  # fmt: skip
+
+    shutil.copy(nightly.REPO_ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
+    git("init", "-q", "-b", "feature")
+    git("add", "asv.conf.json")
+    git("commit", "-q", "-m", "c")
+    conf = tmp_path / "asv.conf.json"
+    out = nightly.asv_config_for_branch(conf, "feature", tmp_path / "tmp")
+    doc = json.loads(out.read_text())
+    assert doc["branches"] == ["feature"]  # main does not exist here: asv publish would fail on it
+    assert doc["results_dir"] == str(tmp_path / "results" / "asv") and doc["repo"] == str(tmp_path)
+    git("branch", "main")
+    doc = json.loads(nightly.asv_config_for_branch(conf, "feature", tmp_path / "tmp").read_text())
+    assert doc["branches"] == ["main", "feature"]
+    assert nightly.asv_config_for_branch(conf, "main", tmp_path / "tmp") == conf
