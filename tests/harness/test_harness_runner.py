@@ -60,7 +60,9 @@ def test_resume_after_killed_run_does_not_redo_cells(tmp_path: Path) -> None:
     proc.wait()
     before = {c["model"]: c["finished_at"] for c in results.load(out)["cells"]}
     assert 1 <= len(before) < 3, "killed mid-run"
-    resumed = subprocess.Popen([*cmd, "--resume"], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    resumed = subprocess.Popen(
+        [*cmd, "--resume"], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     _, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
     doc = results.load(out)
@@ -77,7 +79,9 @@ def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
     doc = results.new_results({}, RunConfig(models=["mlp"], **QUICK).validate().as_dict())
     results.save_atomic(out, doc)
     cfg = RunConfig(models=["mlp"], **{**QUICK, "scale": "small"}).validate()
-    with pytest.raises(ValueError, match=r"--resume: .* different configuration \(scale: 'tiny' in file vs 'small' now\)"):
+    with pytest.raises(
+        ValueError, match=r"--resume: .* different configuration \(scale: 'tiny' in file vs 'small' now\)"
+    ):
         run_suite(cfg, out, resume=True, progress=False)
 
 
@@ -99,7 +103,9 @@ def test_peer_options_cover_every_inductor_pre_grad_pass() -> None:
 def test_compiled_train_cell_checks_parity(tmp_path: Path) -> None:
     """One Inductor compile each: a faithful model passes forward+gradient parity; a model
     that computes something else under torch.compile is marked mismatch, not timed as a win."""
-    cfg = RunConfig(models=["mlp", "wrong"], modes=["compile"], phases=["train"], timeout_s=300.0, **QUICK).validate()
+    cfg = RunConfig(
+        models=["mlp", "wrong"], modes=["compile"], phases=["train"], timeout_s=300.0, **QUICK
+    ).validate()
     doc = run_suite(cfg, tmp_path / "r.json", progress=False)
     cells = {c["model"]: c for c in doc["cells"]}
     ok, bad = cells["mlp"], cells["wrong"]
