@@ -61,7 +61,9 @@ def _grouped_bars(
     x = np.arange(len(models))
     for ax, phase in zip(axes[0], phases, strict=False):
         for i, mode in enumerate(modes):
-            ys, lo, hi = [], [], []
+            ys: list[float] = []
+            lo: list[float] = []
+            hi: list[float] = []
             for model in models:
                 c = next(
                     (v for k, v in cells.items() if (k.model, k.mode, k.phase) == (model, mode, phase)), None

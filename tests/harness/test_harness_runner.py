@@ -100,9 +100,10 @@ def test_peer_options_cover_every_inductor_pre_grad_pass() -> None:
 
 
 @pytest.mark.compile
-def test_compiled_train_cell_checks_parity(tmp_path: Path) -> None:
+def test_compiled_train_cell_checks_parity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One Inductor compile each: a faithful model passes forward+gradient parity; a model
     that computes something else under torch.compile is marked mismatch, not timed as a win."""
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool per cell
     cfg = RunConfig(
         models=["mlp", "wrong"], modes=["compile"], phases=["train"], timeout_s=300.0, **QUICK
     ).validate()
