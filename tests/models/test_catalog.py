@@ -33,3 +33,10 @@ def test_format_table_has_a_line_per_row() -> None:
     assert lines[2].startswith("| towers | tiny |") and f"| {got[0]['dense_nodes']} |" in lines[2]
     assert lines[3].startswith("| dcn | small |") and "| - |" in lines[3]  # nodes not computed
     assert "MiB" in lines[3]
+
+
+def test_write_docs_replaces_only_the_marked_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\nPRESET_TABLE_BEGIN\nold | table\nPRESET_TABLE_END\noutro\n")
+    catalog.write_docs("| new |", [doc])
+    assert doc.read_text() == "intro\nPRESET_TABLE_BEGIN\n| new |\nPRESET_TABLE_END\noutro\n"
