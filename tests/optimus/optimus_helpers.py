@@ -56,14 +56,43 @@ def count_calls(gm: fx.GraphModule, *targets: Any) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target in targets)
 
 
-class Fn(nn.Module):
-    """Wrap a function (plus named parameters) as a module, for small test graphs."""
-
+class _Fn1(nn.Module):
     def __init__(self, fn: Any, **params: torch.Tensor) -> None:
         super().__init__()
         self.fn = fn
         for name, value in params.items():
             self.register_parameter(name, nn.Parameter(value))
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(self, *args)
+    def forward(self, x: Any) -> Any:
+        return self.fn(self, x)
+
+
+class _Fn2(_Fn1):
+    def forward(self, x: Any, y: Any) -> Any:  # type: ignore[override]
+        return self.fn(self, x, y)
+
+
+def Fn(fn: Any, **params: torch.Tensor) -> nn.Module:
+    """Wrap ``fn(self, x)`` or ``fn(self, x, y)`` (plus named parameters) as a traceable module."""
+    arity = fn.__code__.co_argcount - 1
+    return (_Fn1 if arity == 1 else _Fn2)(fn, **params)
+
+
+def rule_keys(module: nn.Module, inputs: Sequence[torch.Tensor], rule_name: str) -> list[Any]:
+    """The horizontal-group key ``rule_name`` gives each node of the traced module (None: declined).
+    Nodes with different keys can never be fused together, whatever the cost model says."""
+    from optimus.context import RewriteContext
+    from optimus.meta import record
+    from optimus.normalize import lower_modules
+    from optimus.rules import REGISTRY
+
+    gm = fx.symbolic_trace(module)
+    record(gm, tuple(inputs))
+    lower_modules(gm)
+    ctx = RewriteContext(gm, LAUNCH_BOUND)
+    rule = REGISTRY[rule_name]()
+    return [
+        rule.key(n, ctx)
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method") and rule.key(n, ctx) is not None
+    ]

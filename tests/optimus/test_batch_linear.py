@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from optimus_helpers import assert_parity, count_calls, optimize_traced
+from optimus_helpers import assert_parity, count_calls, optimize_traced, rule_keys
 from torch import nn
 
 import optimus
@@ -113,6 +113,8 @@ def test_mismatched_signatures_do_not_fuse(case: str) -> None:
             return [self.a(x * float(i)) for i in range(4)] + [self.b(y * float(i)) for i in range(1)]
 
     mod = Two()
+    keys = rule_keys(mod, [x, y], "batch_linear")
+    assert len(keys) == 5 and len(set(keys)) == 2  # a's four share a key; b's differs
     gm = optimize_traced(mod, [x, y], rules=RULES, cost_model=AnalyticCostModel(min_group=5))
     assert gm.optimus_report.rules_fired == {}
     assert_parity(mod, gm, [x, y])
