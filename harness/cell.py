@@ -18,7 +18,9 @@ import copy
 import itertools
 import json
 import math
+import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -63,13 +65,21 @@ def close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.detach(), b.detach(), atol=atol, rtol=rtol))
 
 
-def compare_grads(ref: Any, mod: Any, atol: float, rtol: float) -> dict[str, Any]:
-    """Compare ``.grad`` of parameters present (by normalized name) in both modules."""
+def compare_grads(ref: Any, mod: Any, original: dict[str, Any], atol: float, rtol: float) -> dict[str, Any]:
+    """Compare ``.grad`` of every reference parameter with its counterpart in ``mod``.
+
+    The counterpart is found first through ``original`` (name -> the Parameter object the
+    model had before the mode was applied: torch.compile and an Optimus GraphModule keep
+    using those objects, so gradients land on them), then by name inside ``mod`` (wrapper
+    prefixes stripped). Parameters with no counterpart are counted, not guessed.
+    """
     ref_params = {_param_name(n): p for n, p in ref.named_parameters()}
     mod_params = {_param_name(n): p for n, p in mod.named_parameters()}
     compared, worst, bad = 0, 0.0, []
     for name, rp in ref_params.items():
-        mp = mod_params.get(name)
+        mp = original.get(name)
+        if mp is None or mp.grad is None:
+            mp = mod_params.get(name, mp)
         if mp is None or rp.grad is None:
             continue
         if mp.grad is None:
@@ -118,6 +128,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
     with torch.no_grad():
         example = tuple(t.detach() for t in b.dense_inputs(batches[0]))
+    original = dict(module.named_parameters())
     prepared = modes.prepare(key.mode, module.dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
@@ -133,6 +144,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             return m(*batch.inputs)
 
+    reports_before = len(modes.optimus_reports())
+    graphs_before = dynamo_counts()["graphs"]  # the model builder may have run Dynamo itself
     # First call: compile time (for eager+optimus: the optimize call) and parity.
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -140,6 +153,9 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     sync()
     first_call_s = time.perf_counter() - t0
     cell["first_call_s"] = first_call_s
+    graphs_first = dynamo_counts()["graphs"]
+    if key.mode == "compile+optimus":  # what the backend did inside torch.compile
+        cell.update({k: v for k, v in modes.merge_reports(modes.optimus_reports()[reports_before:]).items()})
     cell["prepare_s"] = prepared.prepare_s
 
     parity: dict[str, Any] = {"reference": "eager"}
@@ -153,7 +169,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
                 f"max abs err {cell['max_abs_err']}"
             )
         if train:
-            g = compare_grads(ref, module, cfg["atol"], cfg["rtol"])
+            g = compare_grads(ref, module, original, cfg["atol"], cfg["rtol"])
             parity.update({k: v for k, v in g.items() if k != "bad"})
             if g["bad"]:
                 mismatch.append(f"gradients differ from eager for {len(g['bad'])} parameters: {g['bad'][:5]}")
@@ -202,8 +218,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
     if compiled:
         counts = dynamo_counts()
-        cell["graphs"] = counts["graphs"]
-        cell["recompiles"] = max(0, counts["graphs"] - 1)
+        cell["graphs"] = graphs_first - graphs_before  # > 1 only with graph breaks
+        cell["recompiles"] = counts["graphs"] - graphs_first  # compiles after the first call
         cell["graph_breaks"] = counts["graph_breaks"]
     else:
         cell["recompiles"] = 0
@@ -226,8 +242,23 @@ def finite(obj: Any) -> Any:
     return obj
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit if the harness that started this cell dies (kill -9 of a run must not leave
+    orphaned cells running, hung ones least of all)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    exit_with_parent()
     if len(args) != 2:
         print("usage: python -m harness.cell SPEC.json OUT.json", file=sys.stderr)
         return 2

@@ -57,7 +57,8 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     p.add_argument(
         "--timeout-s", type=float, default=timeout_s, help=f"per-cell timeout (default: {timeout_s:g})"
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads per cell (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch/OpenMP threads per cell; 0 = torch's default (default: 1, steadiest on a shared CPU)")  # fmt: skip
     p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs eager (absolute)")
     p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs eager (relative)")
     p.add_argument("--out", default=out, help=f"results file (default: {out})")
@@ -76,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="models, scales, modes, phases and Optimus rules")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
-    sub.add_parser("models", help="the model catalog: every family at every scale")
+    p = sub.add_parser("models", help="the model catalog: every family at every scale")
+    p.add_argument("--families", help="comma list of families (default: all)")
+    p.add_argument("--scales", help="comma list of scales (default: all)")
+    p.add_argument(
+        "--nodes", action="store_true", help="also count dense-graph FX nodes (Dynamo capture, slower)"
+    )
 
     p = sub.add_parser(
         "run", help="run models x modes x phases, one subprocess per cell, into one results file"
@@ -172,8 +178,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     import models
+    from harness.spec import parse_list
 
-    print(models.catalog.format_table(models.catalog.rows()))  # type: ignore[attr-defined]
+    families = parse_list(args.families, "families", models.FAMILIES) if args.families else models.FAMILIES
+    scales = parse_list(args.scales, "scales", models.SCALES) if args.scales else models.SCALES
+    rows = models.catalog.rows(nodes=args.nodes, families=families, scales=scales)
+    print(models.catalog.format_table(rows))
     return 0
 
 

@@ -69,8 +69,8 @@ def env_text(doc: dict[str, Any]) -> str:
     return (
         f"- commit: `{git.get('sha')}`{dirty}\n"
         f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
-        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores, torch threads "
-        f"{env.get('torch_threads')}); GPU: {env.get('gpu') or 'none'}\n"
+        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
+        f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
         f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
         f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
     )

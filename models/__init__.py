@@ -13,7 +13,7 @@ embedding_bytes, dense_nodes, flops_per_sample, est_train_bytes, config. See doc
 """
 
 from models import catalog
-from models.build import build
+from models.builder import build
 from models.presets import SCALES
 from models.registry import FAMILIES
 from models.types import Batch, Built, RecModel

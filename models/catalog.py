@@ -8,8 +8,11 @@ dense-arch node count needs a Dynamo capture (seconds for large/xl), so it is op
 
 from __future__ import annotations
 
+import argparse
 import functools
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from models import analysis, capture, memory, presets, sparse
@@ -42,7 +45,8 @@ def dense_nodes(family_name: str, scale: str) -> int:
     return capture.count_dense_nodes(dense, analysis.meta_inputs(cfg, lay))
 
 
-def row(family_name: str, scale: str, nodes: bool = False) -> dict[str, Any]:
+@functools.cache
+def _row(family_name: str, scale: str) -> dict[str, Any]:
     cfg = presets.resolve(family_name, scale)
     lay = sparse.layout(cfg)
     info = analysis.analyse(family_name, cfg, lay)
@@ -59,10 +63,18 @@ def row(family_name: str, scale: str, nodes: bool = False) -> dict[str, Any]:
         "params": info.dense_params + lay.num_tables * lay.rows_per_table * lay.embedding_dim,
         "dense_params": info.dense_params,
         "embedding_bytes": lay.embedding_bytes,
-        "dense_nodes": dense_nodes(family_name, scale) if nodes else None,
+        "dense_nodes": None,
         "flops_per_sample": info.flops_per_sample,
         "est_train_bytes": memory.estimate_bytes(cfg, lay, info),
     }
+
+
+def row(family_name: str, scale: str, nodes: bool = False) -> dict[str, Any]:
+    """Metadata of one preset, computed without allocating it (memoised per process)."""
+    out = dict(_row(family_name, scale))
+    if nodes:
+        out["dense_nodes"] = dense_nodes(family_name, scale)
+    return out
 
 
 def rows(
@@ -98,5 +110,29 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_docs(table: str, paths: Iterable[Path]) -> None:
+    """Replace the text between PRESET_TABLE_BEGIN / PRESET_TABLE_END markers (atomic write)."""
+    for path in paths:
+        text = path.read_text()
+        begin, end = text.index("PRESET_TABLE_BEGIN\n"), text.index("PRESET_TABLE_END")
+        new = text[: begin + len("PRESET_TABLE_BEGIN\n")] + table + "\n" + text[end:]
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(new)
+        os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print the model presets table.")
+    parser.add_argument("--no-nodes", action="store_true", help="skip the Dynamo capture (fast)")
+    parser.add_argument("--write-docs", action="store_true", help="update docs/models.md and presets.py")
+    args = parser.parse_args(argv)
+    table = format_table(rows(nodes=not args.no_nodes))
+    print(table)
+    if args.write_docs:
+        root = Path(__file__).resolve().parents[1]
+        write_docs(table, [root / "docs" / "models.md", root / "models" / "presets.py"])
+    return 0
+
+
 if __name__ == "__main__":
-    print(format_table(rows(nodes=True)))
+    raise SystemExit(main())

@@ -33,9 +33,9 @@ SCALE_COMMON: dict[str, dict[str, Any]] = {
                   batch_size=128, num_batches=4, num_tasks=2, pooling_mean=3.0, max_pooling=32, **_DATA),
     "medium": dict(num_dense_features=32, features_per_table=2, rows_per_table=2000, embedding_dim=16,
                    batch_size=256, num_batches=4, num_tasks=3, pooling_mean=3.0, max_pooling=32, **_DATA),
-    "large": dict(num_dense_features=64, features_per_table=2, rows_per_table=1000, embedding_dim=16,
+    "large": dict(num_dense_features=64, features_per_table=2, rows_per_table=4000, embedding_dim=16,
                   batch_size=256, num_batches=4, num_tasks=4, pooling_mean=2.0, max_pooling=32, **_DATA),
-    "xl": dict(num_dense_features=128, features_per_table=4, rows_per_table=1000, embedding_dim=16,
+    "xl": dict(num_dense_features=128, features_per_table=4, rows_per_table=4000, embedding_dim=16,
                batch_size=256, num_batches=4, num_tasks=6, pooling_mean=2.0, max_pooling=32, **_DATA),
 }  # fmt: skip
 

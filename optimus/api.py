@@ -13,6 +13,7 @@ from torch import fx, nn
 from . import capture, driver
 from .config import OptimusConfig
 from .cost import CostModel
+from .meta import record, value_meta
 from .normalize import lower_modules
 from .report import OptimusReport
 from .verify import Verifier
@@ -91,7 +92,14 @@ def optimize(
     if isinstance(module, fx.GraphModule):
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         gm = capture.copy_graph_module(module)
-        report = optimize_graph_module(gm, cfg, inputs)
+        if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
+            try:
+                record(gm, inputs)
+            except Exception as exc:
+                raise ValueError(
+                    f"example_inputs do not match the GraphModule: {type(exc).__name__}: {exc}"
+                ) from exc
+        report = optimize_graph_module(gm, cfg, inputs if cfg.verify else None)
         report.capture = "graph"
     else:
         inputs = capture.check_inputs(module, example_inputs)
@@ -106,7 +114,7 @@ def optimize(
             )
             gm, report = _optimize_subgraphs(module, inputs, cfg, exc)
             gm.optimus_report = report  # type: ignore[assignment]
-            report.seconds = time.perf_counter() - start
+            report.capture_seconds = time.perf_counter() - start - report.seconds
             return gm
         flat_inputs = [x for x in torch.utils._pytree.tree_flatten(inputs)[0]]
         report = optimize_graph_module(gm, cfg, flat_inputs if cfg.verify else None)
@@ -114,6 +122,7 @@ def optimize(
         if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):
             report.notes.append("verify inputs did not line up with the exported graph's inputs")
     report.graphs = 1
+    report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]
     return gm
 

@@ -76,6 +76,7 @@ def run(
     report.nodes_before = len(graph.nodes)
     max_nodes = config.max_nodes or 4 * report.nodes_before + 1000
     stop = "iteration_limit"
+    blocked: set[tuple[str, tuple[fx.Node, ...]]] = set()  # rolled-back rewrites: never retried
     for iteration in range(config.max_iterations):
         report.iterations = iteration + 1
         if time.perf_counter() - start > config.time_limit_s:
@@ -106,10 +107,13 @@ def run(
             if cand.gain <= 0:
                 _count(report.declined, cand.rule)
                 continue
-            if any(n in touched for n in cand.nodes):
+            if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in blocked:
                 continue
+            failures = sum(report.rolled_back.values())
             applied = _apply(ctx, by_name[cand.rule], cand, report)
             if applied is None:
+                if sum(report.rolled_back.values()) > failures:
+                    blocked.add((cand.rule, cand.nodes))
                 continue
             if verifier is not None:
                 problem = _check(gm, ctx, verifier)
@@ -120,6 +124,7 @@ def run(
                     ctx.undo(applied)
                     stable_toposort(graph, ctx.index.ordered)
                     _count(report.rolled_back, cand.rule)
+                    blocked.add((cand.rule, cand.nodes))
                     continue
             touched.update(cand.nodes)
             applied_round.append(applied)

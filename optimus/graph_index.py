@@ -17,6 +17,7 @@ together, in about linear time. Three facts make that cheap:
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
@@ -190,7 +191,7 @@ def stable_toposort(graph: fx.Graph, ordered: set[fx.Node]) -> bool:
         return False
     if out[0] is not nodes[0]:
         nodes[0].prepend(out[0])
-    for prev, node in zip(out, out[1:], strict=False):
+    for prev, node in itertools.pairwise(out):
         if node.prev is not prev:
             prev.append(node)
     return True

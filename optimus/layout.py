@@ -35,11 +35,16 @@ class ParamLayout(Protocol):
         ...
 
 
+def _identity(node: fx.Node) -> object:
+    """get_attr nodes reading the same attribute are the same parameter."""
+    return ("attr", node.target) if node.op == "get_attr" else node
+
+
 class RuntimeStack:
     """Stack the original parameters in the graph (copies once per call; autograd-correct)."""
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
-        if len(set(params)) == 1:  # one shared parameter: a broadcast view, no copy
+        if len({_identity(p) for p in params}) == 1:  # one shared parameter: a broadcast view, no copy
             p = params[0]
             meta = b.ctx.meta(p)
             ndim = len(meta.shape) if meta is not None else 1
@@ -54,7 +59,7 @@ class RuntimeStack:
         return b.call(torch.cat, list(params), 0)
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
-        if len(set(params)) == 1:
+        if len({_identity(p) for p in params}) == 1:
             return 0.0
         total = 0.0
         for p in params:

@@ -127,3 +127,18 @@ def propagate(node: fx.Node) -> Any:
         found = None
     node.meta[KEY] = found
     return found
+
+
+def record(gm: fx.GraphModule, inputs: Any) -> None:
+    """Fill missing meta by running ``gm`` once on ``inputs`` (a plain fx.symbolic_trace graph
+    carries no shapes). Runs under no_grad; results are discarded."""
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            if n.meta.get(KEY) is None:
+                n.meta[KEY] = _from_value(result)
+            return result
+
+    with torch.no_grad():
+        _Recorder(gm).run(*inputs)

@@ -13,7 +13,7 @@ class OptimusReport:
     rules_fired: dict[str, int] = field(default_factory=dict)
     nodes_before: int = 0
     nodes_after: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the optimizer's own time (rules + driver), excluding capture
     stop_reason: str = "not_run"
     iterations: int = 0
     declined: dict[str, int] = field(default_factory=dict)  # candidates the cost model rated no faster
@@ -21,6 +21,7 @@ class OptimusReport:
     graphs: int = 0  # Dynamo graphs optimized (more than 1 when the model has graph breaks)
     capture: str = ""  # "export" | "graph" | "dynamo-subgraphs" | "pre_grad" | "backend"
     notes: list[str] = field(default_factory=list)
+    capture_seconds: float = 0.0  # Dynamo capture (export / compile of the subgraphs)
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n

@@ -66,7 +66,7 @@ class BatchLinear(HorizontalRule):
         stack_bytes = ctx.stack_bytes(inputs)
         weights = [c["weight"] for c in canons]
         layout_bytes = 2 * ctx.layout.bytes_moved(weights, ctx)  # stack + contiguous transpose
-        layout_launches = 2 if len(set(weights)) > 1 else 0
+        layout_launches = 2 if layout_bytes > 0 else 0
         if has_bias:
             layout_bytes += ctx.layout.bytes_moved([c["bias"] for c in canons], ctx)
             layout_launches += 1

@@ -17,7 +17,7 @@ from torch import nn
 
 FAMILIES = ("mlp", "towers", "crash", "hang", "error", "wrong")
 SCALES = ("tiny", "small")
-LOG_ENV = "FAKES_BUILD_LOG"  # if set, every build appends one line "family" to this file
+LOG_ENV = "FAKES_BUILD_LOG"  # if set, every build appends "family parent-pid" to this file
 
 
 class Dense(nn.Module):
@@ -86,7 +86,7 @@ def build(family: str, scale: str = "tiny", device: str = "cpu", seed: int = 0) 
         raise ValueError(f"family: unknown {family!r}; allowed values: {', '.join(FAMILIES)}")
     if os.environ.get(LOG_ENV):
         with open(os.environ[LOG_ENV], "a") as f:
-            f.write(family + "\n")
+            f.write(f"{family} {os.getppid()}\n")
     if family == "crash":
         os.abort()  # dies by SIGABRT, like a segfault in a kernel
     if family == "hang":

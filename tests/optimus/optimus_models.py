@@ -21,3 +21,16 @@ class Towers(nn.Module):
             torch.tanh(norm(lin(p))) for p, lin, norm in zip(parts, self.linears, self.norms, strict=True)
         ]
         return torch.cat(outs, dim=1)
+
+
+class SlicedTowers(Towers):
+    """Towers that index the input by slices instead of iterating over ``split`` outputs, so plain
+    ``torch.fx.symbolic_trace`` can trace it (fast driver/rule tests without Dynamo)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.width
+        outs = [
+            torch.tanh(norm(lin(x[:, i * w : (i + 1) * w])))
+            for i, (lin, norm) in enumerate(zip(self.linears, self.norms, strict=True))
+        ]
+        return torch.cat(outs, dim=1)

@@ -1,0 +1,116 @@
+"""batch_layer_norm: shapes, affine variants, must-not-fire cases, parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from optimus_helpers import assert_parity, count_calls, optimize_traced, rule_keys
+from torch import nn
+
+RULES = ["batch_layer_norm"]
+
+
+class Norms(nn.Module):
+    def __init__(self, n: int, shape: tuple[int, ...], affine: bool = True, bias: bool = True) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(
+            [nn.LayerNorm(shape, elementwise_affine=affine, bias=bias) for _ in range(n)]
+        )
+        for norm in self.norms:  # non-trivial affine parameters
+            if norm.weight is not None:
+                nn.init.normal_(norm.weight)
+            if norm.bias is not None:
+                nn.init.normal_(norm.bias)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [norm(x[i] * 2.0) for i, norm in enumerate(self.norms)]
+
+
+@pytest.mark.parametrize(
+    ("n", "lead", "shape", "affine", "bias"),
+    [
+        (6, (4,), (8,), True, True),
+        (7, (2, 3), (5,), True, False),
+        (6, (3,), (4, 5), True, True),
+        (8, (4,), (16,), False, False),
+    ],
+)
+def test_fuses_layer_norms(
+    n: int, lead: tuple[int, ...], shape: tuple[int, ...], affine: bool, bias: bool
+) -> None:
+    torch.manual_seed(0)
+    mod = Norms(n, shape, affine, bias)
+    xs = [torch.randn(n, *lead, *shape)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired == {"batch_layer_norm": 1}
+    assert count_calls(gm, F.layer_norm) == 1
+    assert_parity(mod, gm, xs)
+
+
+def test_positional_and_keyword_eps_must_match() -> None:
+    torch.manual_seed(0)
+    w, b = torch.randn(8), torch.randn(8)
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.b = nn.Parameter(w), nn.Parameter(b)
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            outs = [F.layer_norm(x[i], (8,), self.w, self.b, 1e-3) for i in range(3)]  # positional eps
+            outs += [F.layer_norm(x[i], (8,), weight=self.w, bias=self.b, eps=1e-3) for i in range(3, 6)]
+            outs += [
+                F.layer_norm(x[i], (8,), self.w, self.b) for i in range(6, 9)
+            ]  # default eps: other group
+            return outs
+
+    mod = Mixed()
+    xs = [torch.randn(9, 4, 8)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired == {"batch_layer_norm": 1}
+    assert count_calls(gm, F.layer_norm) == 1 + 3  # the eps=1e-3 six fused, the default-eps three left
+    assert_parity(mod, gm, xs)
+
+
+def test_dependent_layer_norms_do_not_fuse() -> None:
+    torch.manual_seed(0)
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = nn.ModuleList([nn.LayerNorm(8) for _ in range(6)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for norm in self.norms:
+                x = norm(x)
+            return x
+
+    mod = Chain()
+    xs = [torch.randn(4, 8)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired == {}
+    assert_parity(mod, gm, xs)
+
+
+def test_mismatched_shapes_do_not_fuse() -> None:
+    torch.manual_seed(0)
+
+    class Shapes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.ModuleList([nn.LayerNorm(8) for _ in range(3)])
+            self.b = nn.ModuleList([nn.LayerNorm(6) for _ in range(3)])
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+            return [n(x[i]) for i, n in enumerate(self.a)] + [n(y[i]) for i, n in enumerate(self.b)]
+
+    mod = Shapes()
+    xs = [torch.randn(3, 4, 8), torch.randn(3, 4, 6)]
+    keys = rule_keys(mod, xs, "batch_layer_norm")
+    assert len(keys) == 6 and len(set(keys)) == 2
+    gm = optimize_traced(
+        mod, xs, rules=RULES, cost_model=__import__("optimus").AnalyticCostModel(min_group=4)
+    )
+    assert gm.optimus_report.rules_fired == {}
+    assert_parity(mod, gm, xs)
