@@ -402,6 +402,14 @@ def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- summary
 
 
+def _short(value: str) -> str:
+    """asv prints track_ figures with every digit; four significant ones read better."""
+    try:
+        return f"{float(value):.4g}"
+    except ValueError:
+        return value
+
+
 def _fmt_cfg(cfg: NightlyConfig) -> str:
     th = cfg.thresholds
     return (
@@ -462,7 +470,8 @@ def summary_markdown(
         order = {"regression": 0, "regression (report only)": 1, "improvement": 2}
         for r in sorted(asv_rows, key=lambda r: (order.get(r.verdict, 9), r.name)):
             v = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
-            lines.append(f"| {r.mark or ' '} | {r.before} | {r.after} | {r.ratio} | {r.name} | {v} |")
+            before, after = _short(r.before), _short(r.after)
+            lines.append(f"| {r.mark or ' '} | {before} | {after} | {r.ratio} | {r.name} | {v} |")
         lines.append("")
     return "\n".join(lines)
 
