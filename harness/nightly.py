@@ -18,7 +18,8 @@ One night, in order:
    against the base commit. A flagged asv figure is re-measured (its harness cells, or the
    asv benchmark itself) and re-compared before it counts. Figures the harness comparison
    already judges are ``report_only``.
-5. A markdown summary; a history entry; exit status 1 on a confirmed regression.
+5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 2 when
+   the asv part or the publish failed (the night is recorded with status ``error``).
 
 A night that regressed is recorded with status ``regression`` and is never a base, so a
 regression stays red until it is fixed (or the base is chosen explicitly with ``--base``).
@@ -559,32 +560,41 @@ def main_from_args(args: argparse.Namespace) -> int:
     asv_note = ""
     asv_regressed = False
     asv_ran = False
+    asv_failed = False
     if args.no_asv or not cfg.asv_enabled:
         asv_note = "asv part skipped (--no-asv or asv.enabled=false)."
     elif git["dirty"]:
         asv_note = "asv part skipped: the working tree has uncommitted changes, and asv measures commits."
     else:
         asv_ran = True
-        asv_rows, asv_note, asv_regressed = _asv_part(
-            cfg,
-            suite,
-            sha,
-            base_entry,
-            new,
-            new_path,
-            run_cfg,
-            run_one,
-            log,
-            Path(args.asv_config),
-            args.asv_machine,
-            store / asv_log,
-        )
+        try:
+            asv_rows, asv_note, asv_regressed = _asv_part(
+                cfg,
+                suite,
+                sha,
+                base_entry,
+                new,
+                new_path,
+                run_cfg,
+                run_one,
+                log,
+                Path(args.asv_config),
+                args.asv_machine,
+                store / asv_log,
+            )
+        except (RuntimeError, OSError) as e:  # record the night; it is not a pass
+            asv_failed = True
+            asv_note = f"**asv part failed**: {str(e)[:1500]}"
+            log(f"asv part failed: {e}")
         asv_note += f" asv output: `{asv_log}`."
 
     harness_regressed = outcome is not None and bool(outcome.confirmed)
-    status = (
-        "baseline" if base_doc is None else ("regression" if harness_regressed or asv_regressed else "pass")
-    )
+    if harness_regressed or asv_regressed:
+        status = "regression"
+    elif asv_failed:
+        status = "error"  # recorded, never a base
+    else:
+        status = "baseline" if base_doc is None else "pass"
     text = summary_markdown(
         sha=sha,
         dirty=git["dirty"],
@@ -609,7 +619,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         "status": "pass" if status == "baseline" else status,
         "base": base_entry["sha"] if base_entry else None,
         "base_results": base_entry["results"] if base_entry else None,
-        "asv": asv_ran,
+        "asv": asv_ran and not asv_failed,
     }
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
@@ -619,7 +629,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
-    rc = 1 if status == "regression" else 0
+    rc = {"regression": 1, "error": 2}.get(status, 0)
     if args.publish and asv_ran:
         try:
             pub_conf = asv_config_for_branch(

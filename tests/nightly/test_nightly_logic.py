@@ -229,3 +229,37 @@ def test_publish_config_lists_only_existing_branches_plus_the_current_one(tmp_pa
     doc = json.loads(nightly.asv_config_for_branch(conf, "feature", tmp_path / "tmp").read_text())
     assert doc["branches"] == ["main", "feature"]
     assert nightly.asv_config_for_branch(conf, "main", tmp_path / "tmp") == conf
+
+
+def test_asv_failure_records_an_error_night_that_is_never_a_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness import cli, results, runner
+
+    def fake_suite(cfg: Any, out: Any, **kw: Any) -> dict[str, Any]:
+        d = {**doc(cell("towers", 1.0, 1, mode="eager")), "config": cfg.as_dict()}
+        results.save_atomic(out, d)
+        return d
+
+    def broken_asv(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("asv run failed (exit 1): build error")
+
+    monkeypatch.setattr(runner, "run_suite", fake_suite)
+    monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "a" * 40, "dirty": False, "branch": "main"})
+    monkeypatch.setattr(nightly, "_asv_part", broken_asv)
+    argv = [
+        "nightly",
+        "--store",
+        str(tmp_path),
+        "--models",
+        "towers",
+        "--modes",
+        "eager",
+        "--phases",
+        "infer",
+    ]
+    assert cli.main(argv) == 2
+    assert "**asv part failed**: asv run failed (exit 1): build error" in capsys.readouterr().out
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert [r["status"] for r in history["runs"]] == ["error"]
+    assert nightly.last_good(history, tmp_path) is None
