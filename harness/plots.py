@@ -92,10 +92,19 @@ def _grouped_bars(
         ax.grid(axis="y", alpha=0.3)
     if not modes:
         for ax in axes[0]:
-            ax.text(0.5, 0.5, "no cells of the modes this plot shows", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                "no cells of the modes this plot shows",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, title="mode", fontsize=8, loc="lower center", ncol=len(modes), frameon=False)
+        fig.legend(
+            handles, labels, title="mode", fontsize=8, loc="lower center", ncol=len(modes), frameon=False
+        )
     note = f"\n(red labels: {len(missing)} failed/mismatched cells, not plotted)" if missing else ""
     fig.suptitle(f"{title}, scale {scale}{note}", fontsize=11)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
