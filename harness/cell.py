@@ -202,6 +202,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
             optimizer.step()
         return out
 
+    cell["loadavg_1m"] = os.getloadavg()[0]  # other work on the machine: read noisy figures with it
     samples = measure.time_iterations(
         step,
         warmup=int(cfg["warmup"]),

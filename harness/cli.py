@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "reproduce", help="the paper-style table: whole suite, every mode and phase, plus plots"
     )
-    _add_run_options(p, models=None, scale="tiny", budget_s=0.5, max_iters=60, warmup=2, min_iters=10,
+    _add_run_options(p, models=None, scale="tiny", budget_s=1.0, max_iters=300, warmup=3, min_iters=20,
                      timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 

@@ -23,7 +23,7 @@ def _cell_text(c: dict[str, Any] | None, what: str) -> str:
         lat = c["latency_ms"]
         return f"{lat['median']:.3f} ({lat['iqr']:.3f})"
     if what == "memory":
-        return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / 2**20:.2f}"
+        return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / 2**20:.3g}"
     if what == "compile":
         return "-" if c.get("compile_s") is None else f"{c['compile_s']:.2f}"
     if what == "nodes":
@@ -71,6 +71,7 @@ def env_text(doc: dict[str, Any]) -> str:
         f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
         f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
         f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
+        f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
         f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
         f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
     )
