@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", help="comma list of families (default: all)")
     p.add_argument("--scales", help="comma list of scales (default: all)")
     p.add_argument(
-        "--nodes", action="store_true", help="also count dense-graph FX nodes (Dynamo capture, slower)"
+        "--nodes",
+        action="store_true",
+        help="count dense-graph FX nodes afresh (Dynamo capture, slow at large scales; default: stored counts)",
     )
 
     p = sub.add_parser(
@@ -177,7 +179,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     families = parse_list(args.families, "families", models.FAMILIES) if args.families else models.FAMILIES
     scales = parse_list(args.scales, "scales", models.SCALES) if args.scales else models.SCALES
-    rows = models.catalog.rows(nodes=args.nodes, families=families, scales=scales)
+    rows = models.catalog.rows(nodes=True if args.nodes else None, families=families, scales=scales)
     print(models.catalog.format_table(rows))
     return 0
 
