@@ -135,12 +135,22 @@ def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
     )
 
 
+def memory_unit(doc: dict[str, Any]) -> tuple[str, int]:
+    """KiB, MiB or GiB, whichever keeps the largest bar between 1 and 1024 (readable ticks)."""
+    peak = max((c.get("peak_mem_bytes") or 0 for c in doc["cells"] if c["status"] == "ok"), default=0)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if peak >= scale:
+            return unit, scale
+    return "KiB", 2**10
+
+
 def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
+    unit, scale = memory_unit(doc)
     return _grouped_bars(
         doc,
-        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / 2**20,
-        "peak memory of one step (MiB)",
-        "Peak memory per mode",
+        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / scale,
+        f"peak memory of one step ({unit})",
+        "Peak memory per mode (CPU: tensors + the step's allocator peak)",
         path,
     )
 
