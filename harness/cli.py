@@ -63,6 +63,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs eager (relative)")
     p.add_argument("--out", default=out, help=f"results file (default: {out})")
     p.add_argument("--resume", action="store_true", help="keep cells already in --out and run only the rest")
+    p.add_argument(
+        "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
@@ -195,7 +198,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.runner import run_suite
 
     cfg = _config(args)
-    doc = run_suite(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
     _print_summary(doc, args.out)
     return 0
 
@@ -238,7 +243,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     n = len(cfg.cells())
     print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
           f"at scale {cfg.scale} on {cfg.device}", flush=True)  # fmt: skip
-    doc = run_suite(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
     paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))

@@ -16,6 +16,7 @@ from harness import modes, results
 from harness.env import REPO_ROOT
 from harness.runner import run_suite
 from harness.spec import RunConfig
+from tests.harness import synthetic
 
 FAKES = "tests.harness.fakes:build"
 QUICK = {"warmup": 1, "min_iters": 3, "max_iters": 5, "budget_s": 0.05, "provider": FAKES}
@@ -131,3 +132,17 @@ def test_compiled_train_cell_checks_parity(tmp_path: Path, monkeypatch: pytest.M
     assert ok["max_abs_err"] < 1e-4 and ok["compile_s"] > 0 and ok["recompiles"] == 0
     assert bad["status"] == "mismatch"
     assert "outputs differ from eager" in bad["error"] and "gradients differ" in bad["error"]
+
+
+def test_retry_failed_reruns_only_failed_cells(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    cfg = RunConfig(models=["mlp", "towers"], modes=["eager"], phases=["infer"], **QUICK).validate()
+    doc = results.new_results({}, cfg.as_dict())
+    failed = {**synthetic.cell("mlp", "eager", "infer", 1.0, seed=0, status="failed"), "latency_ms": None}
+    kept = {**synthetic.cell("towers", "eager", "infer", 1.0, seed=1), "finished_at": 123.0}
+    doc["cells"] = [failed, kept]
+    results.save_atomic(out, doc)
+    new = run_suite(cfg, out, resume=True, retry_failed=True, progress=False)
+    cells = {c["model"]: c for c in new["cells"]}
+    assert cells["mlp"]["status"] == "ok" and cells["mlp"]["error"] is None
+    assert cells["towers"]["finished_at"] == 123.0  # the ok cell was kept, not rerun
