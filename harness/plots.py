@@ -90,8 +90,21 @@ def _grouped_bars(
             ax.yaxis.set_minor_formatter(ScalarFormatter())
             ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.grid(axis="y", alpha=0.3)
+    if not modes:
+        for ax in axes[0]:
+            ax.text(
+                0.5,
+                0.5,
+                "no cells of the modes this plot shows",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="mode", fontsize=8, loc="lower center", ncol=len(modes), frameon=False)
+    if handles:
+        fig.legend(
+            handles, labels, title="mode", fontsize=8, loc="lower center", ncol=len(modes), frameon=False
+        )
     note = f"\n(red labels: {len(missing)} failed/mismatched cells, not plotted)" if missing else ""
     fig.suptitle(f"{title}, scale {scale}{note}", fontsize=11)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
@@ -122,12 +135,22 @@ def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
     )
 
 
+def memory_unit(doc: dict[str, Any]) -> tuple[str, int]:
+    """KiB, MiB or GiB, whichever keeps the largest bar between 1 and 1024 (readable ticks)."""
+    peak = max((c.get("peak_mem_bytes") or 0 for c in doc["cells"] if c["status"] == "ok"), default=0)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if peak >= scale:
+            return unit, scale
+    return "KiB", 2**10
+
+
 def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
+    unit, scale = memory_unit(doc)
     return _grouped_bars(
         doc,
-        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / 2**20,
-        "peak memory of one step (MiB)",
-        "Peak memory per mode",
+        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / scale,
+        f"peak memory of one step ({unit})",
+        "Peak memory per mode (CPU: tensors + the step's allocator peak)",
         path,
     )
 

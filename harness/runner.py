@@ -132,6 +132,7 @@ def run_suite(
     out: str | os.PathLike[str],
     *,
     resume: bool = False,
+    retry_failed: bool = False,
     progress: bool = True,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -153,7 +154,12 @@ def run_suite(
         doc.setdefault("resumed", []).append(time.time())
     else:
         doc = results.new_results(collect_env(cfg.device), config)
-    done = set(results.cell_map(doc))
+    # Resumed: every recorded cell is finished, except failed/timeout ones if asked to retry.
+    done = {
+        k
+        for k, c in results.cell_map(doc).items()
+        if not (retry_failed and c["status"] in ("failed", "timeout"))
+    }
     todo = [k for k in cfg.cells() if k not in done]
     results.save_atomic(path, doc)
 

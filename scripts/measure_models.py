@@ -109,6 +109,28 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def render(data: dict[str, Any]) -> str:
+    """Markdown table of a measure.json (what docs/models.md shows)."""
+    lines = [
+        "| family | scale | params | dense nodes | eager train step ms, median [q1, q3] (n) "
+        "| dense compile s (cold, inference) | status |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in data["cells"]:
+        if c["status"] != "ok":
+            lines.append(
+                f"| {c['family']} | {c['scale']} | - | - | - | - | {c['status']}: {c.get('error', '')[:60]} |"
+            )
+            continue
+        t = c["train_step_ms"]
+        lines.append(
+            f"| {c['family']} | {c['scale']} | {c['params']:,} | {c['dense_nodes']:,} "
+            f"| {t['median']:.1f} [{t['q1']:.1f}, {t['q3']:.1f}] ({len(t['samples'])}) "
+            f"| {c['dense_compile_s']:.1f} | ok |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=["dlrm", "dcn", "towers", "mmoe"])
@@ -116,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=7, help="timed eager train steps (after 2 warm-up)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per (family, scale)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "models" / "measure.json")
+    parser.add_argument("--render", type=Path, help="print a measure.json as a markdown table")
     parser.add_argument("--one", nargs=2, metavar=("FAMILY", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        return 0
     if args.one:
         print(json.dumps(measure_one(args.one[0], args.one[1], args.steps)))
         return 0

@@ -42,7 +42,7 @@ class BatchLayerNorm(HorizontalRule):
         return ("layer_norm", x.shape, x.dtype, x.device, tuple(shape), _hashable(canon["eps"]), *params)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x_meta = b.ctx.meta(canons[0]["input"])
         assert x_meta is not None
@@ -65,7 +65,7 @@ class BatchLayerNorm(HorizontalRule):
         return b.unbind(out, g)
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        canons = [ctx.canon(n) for n in nodes]
+        canons = [ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x = ctx.meta(canons[0]["input"])
         assert x is not None

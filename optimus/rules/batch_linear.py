@@ -33,7 +33,7 @@ class BatchLinear(HorizontalRule):
         return ("linear", x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x_meta, w_meta = b.ctx.meta(canons[0]["input"]), b.ctx.meta(canons[0]["weight"])
         assert x_meta is not None and w_meta is not None
@@ -52,7 +52,7 @@ class BatchLinear(HorizontalRule):
         return b.unbind(out, g)
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        canons = [ctx.canon(n) for n in nodes]
+        canons = [ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x, w = ctx.meta(canons[0]["input"]), ctx.meta(canons[0]["weight"])
         assert x is not None and w is not None

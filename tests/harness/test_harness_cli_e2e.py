@@ -88,3 +88,15 @@ def test_run_report_compare_end_to_end(tmp_path: Path) -> None:
     (tmp_path / "base.json").write_text(json.dumps(base))
     reg = _cli("compare", str(tmp_path / "base.json"), str(tmp_path / "slower.json"))
     assert reg.returncode == 1 and "**regression**" in reg.stdout
+
+
+def test_reproduce_writes_table_report_and_plots(tmp_path: Path) -> None:
+    """The reproduce command's plumbing (suite -> paper table -> report), on stand-in models
+    and eager modes only, so no compile is paid here (the compiled path is tested above)."""
+    out = _cli("reproduce", "--provider", "tests.harness.fakes:build", "--models", "mlp,towers", "--modes",
+               "eager", "--phases", "infer", "--warmup", "1", "--min-iters", "3", "--max-iters", "5",
+               "--budget-s", "0.05", "--out", str(tmp_path / "repro.json"), "--out-dir", str(tmp_path))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| model | scale | phase | compile ms |" in out.stdout and "up to 63% faster" in out.stdout
+    assert "reproduce took" in out.stdout
+    assert (tmp_path / "repro.md").exists() and len(list(tmp_path.glob("repro_*.png"))) == 3

@@ -14,7 +14,7 @@ def test_rows_agree_with_a_real_build(tiny: models.Built) -> None:
 
 
 def test_rows_cover_every_family_and_scale_without_nodes() -> None:
-    got = catalog.rows(scales=["tiny", "small"])
+    got = catalog.rows(nodes=False, scales=["tiny", "small"])
     assert [(r["family"], r["scale"]) for r in got] == [
         (f, s) for f in models.FAMILIES for s in ("tiny", "small")
     ]
@@ -25,7 +25,7 @@ def test_rows_cover_every_family_and_scale_without_nodes() -> None:
 
 def test_format_table_has_a_line_per_row() -> None:
     got = catalog.rows(nodes=True, families=["towers"], scales=["tiny"]) + catalog.rows(
-        families=["dcn"], scales=["small"]
+        nodes=False, families=["dcn"], scales=["small"]
     )
     lines = catalog.format_table(got).splitlines()
     assert len(lines) == 2 + len(got)
@@ -40,3 +40,18 @@ def test_write_docs_replaces_only_the_marked_table(tmp_path) -> None:  # type: i
     doc.write_text("intro\nPRESET_TABLE_BEGIN\nold | table\nPRESET_TABLE_END\noutro\n")
     catalog.write_docs("| new |", [doc])
     assert doc.read_text() == "intro\nPRESET_TABLE_BEGIN\n| new |\nPRESET_TABLE_END\noutro\n"
+
+
+def test_stored_counts_are_used_only_for_their_config_and_torch(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "dense_nodes.json"
+    monkeypatch.setattr(catalog, "NODE_CACHE", path)
+    catalog._stored_counts.cache_clear()
+    try:
+        catalog.store_dense_nodes([{"family": "mmoe", "scale": "tiny", "dense_nodes": 12345}], path)
+        assert catalog.row("mmoe", "tiny")["dense_nodes"] == 12345  # default: the stored count
+        assert catalog.row("mmoe", "tiny", nodes=False)["dense_nodes"] is None
+        assert catalog.row("dcn", "tiny")["dense_nodes"] is None  # nothing stored for dcn
+        monkeypatch.setattr(catalog.torch, "__version__", "0.0.0-other")
+        assert catalog.row("mmoe", "tiny")["dense_nodes"] is None  # stale: another torch
+    finally:
+        catalog._stored_counts.cache_clear()

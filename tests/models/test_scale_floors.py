@@ -40,7 +40,11 @@ def test_xl_meets_the_node_floor_and_fits(family: str) -> None:
 @pytest.mark.slow
 def test_docs_table_is_current() -> None:
     """docs/models.md and the presets docstring hold the table the catalog prints today."""
-    table = catalog.format_table(catalog.rows(nodes=True))
+    fresh = catalog.rows(nodes=True)
+    assert [r["dense_nodes"] for r in catalog.rows()] == [r["dense_nodes"] for r in fresh], (
+        "models/dense_nodes.json is stale: python -m models.catalog --write-docs"
+    )
+    table = catalog.format_table(fresh)
     for path in (ROOT / "docs" / "models.md", ROOT / "models" / "presets.py"):
         text = path.read_text()
         got = re.search(r"PRESET_TABLE_BEGIN\n(.*?)\n\s*PRESET_TABLE_END", text, re.S)

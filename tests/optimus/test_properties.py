@@ -134,7 +134,7 @@ def programs(draw: Any) -> tuple[list[tuple[Any, ...]], list[int]]:
             continue
         width = draw(st.sampled_from(choices))
         same = [k for k, w in enumerate(pool) if w == width]
-        many = draw(st.lists(st.sampled_from(same), min_size=1, max_size=6))
+        many = draw(st.lists(st.sampled_from(same), min_size=1, max_size=10))
         if kind == "linear":
             step: tuple[Any, ...] = (kind, many, draw(st.sampled_from([4, 8])))
         elif kind == "layer_norm":
