@@ -98,7 +98,8 @@ class OptimizedGraph:
 
     def setup(self, cells_path: str, family: str, scale: str, phase: str) -> None:
         self.cell = find_cell(load_cells(cells_path), family, scale, "compile+optimus", phase)
-        if self.cell.get("nodes_after") is None:  # skipped (n/a), not a fake zero
+        if all(self.cell.get(k) is None for k in ("nodes_after", "nodes_before", "optimus_s")):
+            # n/a (skipped), not a fake zero; one missing field alone fails its benchmark
             raise NotImplementedError(f"the harness recorded no node counts for {family}/{scale}/{phase}")
 
     def track_nodes_after(self, cells_path: str, family: str, scale: str, phase: str) -> int:

@@ -57,11 +57,15 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     p.add_argument(
         "--timeout-s", type=float, default=timeout_s, help=f"per-cell timeout (default: {timeout_s:g})"
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads per cell (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch/OpenMP threads per cell; 0 = torch's default (default: 1, steadiest on a shared CPU)")  # fmt: skip
     p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs eager (absolute)")
     p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs eager (relative)")
     p.add_argument("--out", default=out, help=f"results file (default: {out})")
     p.add_argument("--resume", action="store_true", help="keep cells already in --out and run only the rest")
+    p.add_argument(
+        "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
@@ -76,7 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="models, scales, modes, phases and Optimus rules")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
-    sub.add_parser("models", help="the model catalog: every family at every scale")
+    p = sub.add_parser("models", help="the model catalog: every family at every scale")
+    p.add_argument("--families", help="comma list of families (default: all)")
+    p.add_argument("--scales", help="comma list of scales (default: all)")
+    p.add_argument(
+        "--nodes",
+        action="store_true",
+        help="count dense-graph FX nodes afresh (Dynamo capture, slow at large scales; default: stored counts)",
+    )
 
     p = sub.add_parser(
         "run", help="run models x modes x phases, one subprocess per cell, into one results file"
@@ -115,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "reproduce", help="the paper-style table: whole suite, every mode and phase, plus plots"
     )
-    _add_run_options(p, models=None, scale="tiny", budget_s=0.5, max_iters=60, warmup=2, min_iters=10,
+    _add_run_options(p, models=None, scale="tiny", budget_s=1.0, max_iters=300, warmup=3, min_iters=20,
                      timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 
@@ -172,8 +183,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     import models
+    from harness.spec import parse_list
 
-    print(models.catalog.format_table(models.catalog.rows()))  # type: ignore[attr-defined]
+    families = parse_list(args.families, "families", models.FAMILIES) if args.families else models.FAMILIES
+    scales = parse_list(args.scales, "scales", models.SCALES) if args.scales else models.SCALES
+    rows = models.catalog.rows(nodes=True if args.nodes else None, families=families, scales=scales)
+    print(models.catalog.format_table(rows))
     return 0
 
 
@@ -188,7 +203,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.runner import run_suite
 
     cfg = _config(args)
-    doc = run_suite(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
     _print_summary(doc, args.out)
     return 0
 
@@ -231,7 +248,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     n = len(cfg.cells())
     print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
           f"at scale {cfg.scale} on {cfg.device}", flush=True)  # fmt: skip
-    doc = run_suite(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
     paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))

@@ -77,6 +77,7 @@ def collect_env(device: str = "cpu") -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "loadavg": list(os.getloadavg()),  # at the start of the run: >cpu_count means shared, noisy
         "device": device,
         "gpu": gpu,
         "cuda": torch.version.cuda,

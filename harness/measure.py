@@ -178,7 +178,14 @@ def step_peak_memory(
             "peak_mem_method": "cuda.max_memory_allocated",
         }
     static = storage_bytes(static_tensors)
-    delta = cpu_step_peak_bytes(step)
+    try:
+        delta = cpu_step_peak_bytes(step)
+    except RuntimeError as e:  # a missing figure, not a failed cell
+        return {
+            "peak_mem_bytes": None,
+            "peak_mem_static_bytes": int(static),
+            "peak_mem_method": f"unavailable: {e}",
+        }
     return {
         "peak_mem_bytes": int(static + delta),
         "peak_mem_static_bytes": int(static),

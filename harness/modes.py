@@ -85,6 +85,38 @@ def report_fields(report: Any) -> dict[str, Any]:
     }
 
 
+def optimus_reports() -> list[Any]:
+    """Reports of graphs the optimus backend optimized so far in this process (empty if none)."""
+    import importlib
+    import sys
+
+    if "optimus" not in sys.modules:
+        return []
+    try:
+        return list(importlib.import_module("optimus.backend").LAST_REPORTS)
+    except (ImportError, AttributeError):
+        return []
+
+
+def merge_reports(reports: list[Any]) -> dict[str, Any]:
+    """Sum the per-graph reports of one torch.compile (several graphs if it recompiled)."""
+    if not reports:
+        return {}
+    fields = [report_fields(r) for r in reports]
+    fired: dict[str, int] = {}
+    for f in fields:
+        for k, v in (f.get("rules_fired") or {}).items():
+            fired[k] = fired.get(k, 0) + v
+    return {
+        "optimus_s": sum(f.get("optimus_s") or 0.0 for f in fields),
+        "nodes_before": sum(f.get("nodes_before") or 0 for f in fields),
+        "nodes_after": sum(f.get("nodes_after") or 0 for f in fields),
+        "rules_fired": fired,
+        "stop_reason": ",".join(sorted({str(f.get("stop_reason")) for f in fields})),
+        "optimus_graphs": len(reports),
+    }
+
+
 def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
     """Return the module that ``mode`` runs in place of ``dense``.
 

@@ -18,7 +18,8 @@ One night, in order:
    against the base commit. A flagged asv figure is re-measured (its harness cells, or the
    asv benchmark itself) and re-compared before it counts. Figures the harness comparison
    already judges are ``report_only``.
-5. A markdown summary; a history entry; exit status 1 on a confirmed regression.
+5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 2 when
+   the asv part or the publish failed (the night is recorded with status ``error``).
 
 A night that regressed is recorded with status ``regression`` and is never a base, so a
 regression stays red until it is fixed (or the base is chosen explicitly with ``--base``).
@@ -297,9 +298,13 @@ def cell_params(name: str) -> tuple[str, ...] | None:
 class Asv:
     """Runs the asv command line of this repository (``python -m asv``) from the repo root."""
 
-    def __init__(self, conf: Path, log: Callable[[str], None]) -> None:
+    def __init__(
+        self, conf: Path, log: Callable[[str], None], machine: str | None = None, logfile: Path | None = None
+    ) -> None:
         self.conf = conf
         self.log = log
+        self.machine = ["--machine", machine] if machine else []
+        self.logfile = logfile
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         cmd = [sys.executable, "-m", "asv", *args, "--config", str(self.conf)]
@@ -307,6 +312,10 @@ class Asv:
         proc = subprocess.run(
             cmd, cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
         )
+        if self.logfile is not None:
+            self.logfile.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.logfile, "a", encoding="utf-8") as f:
+                f.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n(exit {proc.returncode})\n\n")
         if check and proc.returncode != 0:
             raise RuntimeError(
                 f"asv {args[0]} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -315,10 +324,10 @@ class Asv:
 
     def ensure_machine(self) -> None:
         if not (Path.home() / ".asv-machine.json").exists():
-            self("machine", "--yes")
+            self("machine", "--yes", *self.machine)
 
     def run(self, sha: str, benches: Iterable[str], quick: bool, env: dict[str, str]) -> str:
-        args = ["run", "--show-stderr", "--launch-method", "spawn"]
+        args = ["run", "--show-stderr", "--launch-method", "spawn", *self.machine]
         if quick:
             args.append("--quick")
         for b in benches:
@@ -328,8 +337,57 @@ class Asv:
 
     def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
         return self(
-            "compare", "--factor", str(factor), "--no-only-changed", "--sort", "name", base_sha, new_sha
+            "compare",
+            *self.machine,
+            "--factor",
+            str(factor),
+            "--no-only-changed",
+            "--sort",
+            "name",
+            base_sha,
+            new_sha,
         )
+
+
+def read_asv_conf(conf: Path) -> dict[str, Any]:
+    """asv.conf.json allows // comments; strip whole-line ones and parse."""
+    text = re.sub(r"^\s*//.*$", "", conf.read_text(), flags=re.M)
+    return dict(json.loads(text))
+
+
+def asv_config_for_branch(conf: Path, branch: str | None, out_dir: Path) -> Path:
+    """The config to publish with: asv graphs only commits of its ``branches`` (``main``).
+
+    For a nightly on another branch (a release branch, a feature branch run by hand) this
+    writes a copy listing that branch too, with every path made absolute so the copy works
+    from anywhere. On a configured branch the repository's own file is returned.
+    """
+    doc = read_asv_conf(conf)
+    root = conf.resolve().parent
+    configured = list(doc.get("branches", []))
+    present = [b for b in configured if _branch_exists(root, b)]
+    if branch and branch != "HEAD" and branch not in present:
+        present.append(branch)
+    if present == configured:
+        return conf
+    if not present:
+        raise ValueError(
+            f"asv publish: none of the branches {configured} exists in {root}, and HEAD is detached"
+        )
+    doc["branches"] = present
+    for key in ("repo", "results_dir", "html_dir", "env_dir", "benchmark_dir"):
+        if key in doc:
+            doc[key] = str((root / doc[key]).resolve())
+    out = out_dir / f"asv.{re.sub(r'[^A-Za-z0-9_.-]', '_', '+'.join(present))}.conf.json"
+    write_atomic(out, json.dumps(doc, indent=1) + "\n")
+    return out
+
+
+def _branch_exists(repo: Path, branch: str) -> bool:
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
+    )
+    return proc.returncode == 0
 
 
 def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
@@ -343,6 +401,14 @@ def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- summary
+
+
+def _short(value: str) -> str:
+    """asv prints track_ figures with every digit; four significant ones read better."""
+    try:
+        return f"{float(value):.4g}"
+    except ValueError:
+        return value
 
 
 def _fmt_cfg(cfg: NightlyConfig) -> str:
@@ -405,7 +471,8 @@ def summary_markdown(
         order = {"regression": 0, "regression (report only)": 1, "improvement": 2}
         for r in sorted(asv_rows, key=lambda r: (order.get(r.verdict, 9), r.name)):
             v = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
-            lines.append(f"| {r.mark or ' '} | {r.before} | {r.after} | {r.ratio} | {r.name} | {v} |")
+            before, after = _short(r.before), _short(r.after)
+            lines.append(f"| {r.mark or ' '} | {before} | {after} | {r.ratio} | {r.name} | {v} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -427,6 +494,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
+    p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
+    p.add_argument("--asv-machine", help="asv machine name (default: asv's, from ~/.asv-machine.json)")
     p.add_argument("--summary", help="also append the markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
@@ -455,6 +524,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     new_rel = f"runs/{stamp}-{sha[:8]}.json"
+    asv_log = new_rel.replace(".json", ".asv.log")
     new_path = store / new_rel
 
     from harness.runner import run_one, run_suite
@@ -489,19 +559,42 @@ def main_from_args(args: argparse.Namespace) -> int:
     asv_rows: list[AsvRow] | None = None
     asv_note = ""
     asv_regressed = False
+    asv_ran = False
+    asv_failed = False
     if args.no_asv or not cfg.asv_enabled:
         asv_note = "asv part skipped (--no-asv or asv.enabled=false)."
     elif git["dirty"]:
         asv_note = "asv part skipped: the working tree has uncommitted changes, and asv measures commits."
     else:
-        asv_rows, asv_note, asv_regressed = _asv_part(
-            cfg, suite, sha, base_entry, new, new_path, run_cfg, run_one, log, Path(args.asv_config)
-        )
+        asv_ran = True
+        try:
+            asv_rows, asv_note, asv_regressed = _asv_part(
+                cfg,
+                suite,
+                sha,
+                base_entry,
+                new,
+                new_path,
+                run_cfg,
+                run_one,
+                log,
+                Path(args.asv_config),
+                args.asv_machine,
+                store / asv_log,
+            )
+        except (RuntimeError, OSError) as e:  # record the night; it is not a pass
+            asv_failed = True
+            asv_note = f"**asv part failed**: {str(e)[:1500]}"
+            log(f"asv part failed: {e}")
+        asv_note += f" asv output: `{asv_log}`."
 
     harness_regressed = outcome is not None and bool(outcome.confirmed)
-    status = (
-        "baseline" if base_doc is None else ("regression" if harness_regressed or asv_regressed else "pass")
-    )
+    if harness_regressed or asv_regressed:
+        status = "regression"
+    elif asv_failed:
+        status = "error"  # recorded, never a base
+    else:
+        status = "baseline" if base_doc is None else "pass"
     text = summary_markdown(
         sha=sha,
         dirty=git["dirty"],
@@ -526,7 +619,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         "status": "pass" if status == "baseline" else status,
         "base": base_entry["sha"] if base_entry else None,
         "base_results": base_entry["results"] if base_entry else None,
-        "asv": asv_rows is not None,
+        "asv": asv_ran and not asv_failed,
     }
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
@@ -536,7 +629,18 @@ def main_from_args(args: argparse.Namespace) -> int:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
-    return 1 if status == "regression" else 0
+    rc = {"regression": 1, "error": 2}.get(status, 0)
+    if args.publish and asv_ran:
+        try:
+            pub_conf = asv_config_for_branch(
+                Path(args.asv_config), git["branch"], REPO_ROOT / "results" / "tmp"
+            )
+            Asv(pub_conf, log, args.asv_machine, store / asv_log)("publish")
+            log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
+        except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
+            log(f"asv publish failed: {e}")
+            rc = rc or 2
+    return rc
 
 
 def _asv_part(
@@ -550,9 +654,11 @@ def _asv_part(
     run_one: Callable[[CellKey, dict[str, Any], float], dict[str, Any]],
     log: Callable[[str], None],
     conf: Path,
+    machine: str | None,
+    logfile: Path,
 ) -> tuple[list[AsvRow] | None, str, bool]:
     """Run the asv suite on ``sha`` fed with the nightly's cells; compare with the base commit."""
-    asv = Asv(conf, log)
+    asv = Asv(conf, log, machine, logfile)
     asv.ensure_machine()
     env = asv_env(suite, new_path)
     asv.run(sha, cfg.asv_bench, cfg.asv_quick, env)

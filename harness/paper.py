@@ -23,6 +23,7 @@ PAPER = {
     "compile": ">400 s less compile time",
 }
 TARGET, BASELINES = "compile+optimus", ("compile", "compile+peer")
+NOISY = 0.25  # IQR / median above which a latency is marked noisy
 
 
 def speedup(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +114,9 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
         def ms(m: str, r: dict[str, Any] = r) -> str:
             if r[f"{m} ms"] is None:
                 return str(r[f"{m} status"] or "-")
-            return f"{r[f'{m} ms']:.3f} ± {r[f'{m} iqr'] / 2:.3f}"
+            med, iqr = r[f"{m} ms"], r[f"{m} iqr"]
+            noisy = " †" if iqr > NOISY * med else ""
+            return f"{med:.3f} (IQR {iqr:.3f}){noisy}"
 
         cs = r["compile_s"]
         ctime = "-" if cs is None else f"{cs[0]:.1f} s -> {cs[1]:.1f} s"
@@ -131,7 +134,8 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
     lines.append(headline(rows))
     lines.append("")
     lines.append(
-        "Latency: median ± half the interquartile range of the timed steps. Speedup: median(base) / "
+        f"Latency: median (interquartile range) of the timed steps in ms; † marks an IQR above {NOISY:.0%} "
+        "of the median (other work on the machine: read that speedup with its interval). Speedup: median(base) / "
         "median(compile+optimus), 95% bootstrap interval in brackets; a cell that failed or did not match "
         "eager shows its status instead. Compile time: first call with the FX graph and other compile "
         "caches off, minus one steady-state step."

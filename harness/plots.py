@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import ScalarFormatter
 
 from harness.results import cell_map
 from harness.spec import MODES, PHASES
@@ -53,14 +54,16 @@ def _grouped_bars(
     if modes_filter:
         modes = [m for m in modes if m in modes_filter]
     fig, axes = plt.subplots(
-        1, max(1, len(phases)), figsize=(max(6.0, 1.6 * len(models) * len(phases) + 3), 4.6), squeeze=False
+        1, max(1, len(phases)), figsize=(max(7.0, 1.6 * len(models) * len(phases) + 3), 5.2), squeeze=False
     )
     missing: list[str] = []
     width = 0.8 / max(1, len(modes))
     x = np.arange(len(models))
     for ax, phase in zip(axes[0], phases, strict=False):
         for i, mode in enumerate(modes):
-            ys, lo, hi = [], [], []
+            ys: list[float] = []
+            lo: list[float] = []
+            hi: list[float] = []
             for model in models:
                 c = next(
                     (v for k, v in cells.items() if (k.model, k.mode, k.phase) == (model, mode, phase)), None
@@ -68,6 +71,9 @@ def _grouped_bars(
                 y = value(c) if c is not None and c["status"] == "ok" else None
                 if c is not None and c["status"] != "ok":
                     missing.append(f"{model}/{mode}/{phase}: {c['status']}")
+                    xpos = x[len(ys)] + (i - (len(modes) - 1) / 2) * width
+                    ax.annotate(c["status"], (xpos, 0.02), xycoords=("data", "axes fraction"), rotation=90,
+                                ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
                 ys.append(np.nan if y is None else y)
                 e = err(c) if (err is not None and y is not None) else None
                 lo.append(0.0 if e is None else max(0.0, y - e[0]))
@@ -80,11 +86,28 @@ def _grouped_bars(
         ax.set_title(f"{phase}")
         if log:
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(ScalarFormatter())
+            ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(title="mode", fontsize=8)
-    note = f" (not shown: {len(missing)} failed/mismatched cells)" if missing else ""
-    fig.suptitle(f"{title} - scale {scale}{note}")
-    fig.tight_layout()
+    if not modes:
+        for ax in axes[0]:
+            ax.text(
+                0.5,
+                0.5,
+                "no cells of the modes this plot shows",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(
+            handles, labels, title="mode", fontsize=8, loc="lower center", ncol=len(modes), frameon=False
+        )
+    note = f"\n(red labels: {len(missing)} failed/mismatched cells, not plotted)" if missing else ""
+    fig.suptitle(f"{title}, scale {scale}{note}", fontsize=11)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -94,11 +117,10 @@ def plot_latency(doc: dict[str, Any], path: Path) -> Path:
     return _grouped_bars(
         doc,
         lambda c: c["latency_ms"]["median"],
-        "median step latency (ms, log scale)",
-        "Step latency per mode (bars: median, whiskers: interquartile range)",
+        "median step latency (ms)",
+        "Step latency per mode (bar: median, whiskers: IQR)",
         path,
         err=lambda c: (c["latency_ms"]["q1"], c["latency_ms"]["q3"]) if "q1" in c["latency_ms"] else None,
-        log=True,
     )
 
 
@@ -107,18 +129,28 @@ def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
         doc,
         lambda c: c.get("compile_s"),
         "compile time (s), caches off",
-        "Compile time (first call minus one step; eager+optimus: optimize call)",
+        "Compile time, caches off (eager+optimus: the optimize call)",
         path,
         modes_filter=("eager+optimus", "compile", "compile+peer", "compile+optimus"),
     )
 
 
+def memory_unit(doc: dict[str, Any]) -> tuple[str, int]:
+    """KiB, MiB or GiB, whichever keeps the largest bar between 1 and 1024 (readable ticks)."""
+    peak = max((c.get("peak_mem_bytes") or 0 for c in doc["cells"] if c["status"] == "ok"), default=0)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if peak >= scale:
+            return unit, scale
+    return "KiB", 2**10
+
+
 def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
+    unit, scale = memory_unit(doc)
     return _grouped_bars(
         doc,
-        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / 2**20,
-        "peak memory of one step (MiB)",
-        "Peak memory per mode",
+        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / scale,
+        f"peak memory of one step ({unit})",
+        "Peak memory per mode (CPU: tensors + the step's allocator peak)",
         path,
     )
 
@@ -138,8 +170,16 @@ def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
             ys.append(v["x"] if ok else np.nan)
             lo.append(v["x"] - v["lo"] if ok else 0.0)
             hi.append(v["hi"] - v["x"] if ok else 0.0)
+        for j, r in enumerate(rows):
+            v = r.get(key) or {}
+            if "status" in v:
+                ax.annotate(str(v["status"]), (x[j] + (i - 0.5) * 0.38, 0.02), xycoords=("data", "axes fraction"),
+                            rotation=90, ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
         ax.bar(x + (i - 0.5) * 0.38, ys, 0.38, yerr=[lo, hi], capsize=2, color=color,
                label=f"compile+optimus {key.replace('vs', 'over')}")  # fmt: skip
+    tops = [(r.get(k) or {}).get("hi", 0.0) for r in rows for k in ("vs compile", "vs compile+peer")]
+    ax.set_ylim(0.0, max(1.8, *(t * 1.08 for t in tops if np.isfinite(t))))
+    ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(1.63, color="#2ca02c", linestyle="--", linewidth=0.8, label="paper: up to 1.63x")
     ax.set_xticks(x, labels)
@@ -169,6 +209,12 @@ def plot_changes(rows: list[dict[str, Any]], path: Path) -> Path:
     a2.axhline(-6.0, color="black", linestyle="--", linewidth=0.8, label="paper: ~-6%")
     a2.set_ylabel("peak memory change (%, <0 is less)")
     a2.set_title("Peak memory change vs compile")
+    for j, r in enumerate(rows):
+        if r["compile_change_s"] is None:
+            status = (r.get("vs compile") or {}).get("status", "n/a")
+            for ax in (a1, a2):
+                ax.annotate(str(status), (x[j], 0.5), xycoords=("data", "axes fraction"), rotation=90,
+                            ha="center", va="center", fontsize=7, color="red")  # fmt: skip
     for ax in (a1, a2):
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xticks(x, labels)

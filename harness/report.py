@@ -14,7 +14,7 @@ from harness.results import cell_map
 from harness.spec import MODES, PHASES, CellKey
 
 
-def _cell_text(c: dict[str, Any] | None, what: str) -> str:
+def _cell_text(c: dict[str, Any] | None, what: str, mem_scale: int = 2**20) -> str:
     if c is None:
         return ""
     if c["status"] != "ok":
@@ -23,7 +23,7 @@ def _cell_text(c: dict[str, Any] | None, what: str) -> str:
         lat = c["latency_ms"]
         return f"{lat['median']:.3f} ({lat['iqr']:.3f})"
     if what == "memory":
-        return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / 2**20:.2f}"
+        return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / mem_scale:.4g}"
     if what == "compile":
         return "-" if c.get("compile_s") is None else f"{c['compile_s']:.2f}"
     if what == "nodes":
@@ -32,7 +32,7 @@ def _cell_text(c: dict[str, Any] | None, what: str) -> str:
     raise ValueError(f"what: unknown {what!r}")
 
 
-def grid(doc: dict[str, Any], what: str, title: str) -> str:
+def grid(doc: dict[str, Any], what: str, title: str, mem_scale: int = 2**20) -> str:
     """One markdown table per phase: rows models, columns modes."""
     cells = cell_map(doc)
     keys = list(cells)
@@ -44,7 +44,7 @@ def grid(doc: dict[str, Any], what: str, title: str) -> str:
         out.append("| model | scale | " + " | ".join(modes) + " |")
         out.append("| --- | --- |" + " --- |" * len(modes))
         for model, scale in models:
-            vals = [_cell_text(cells.get(CellKey(model, scale, m, phase)), what) for m in modes]
+            vals = [_cell_text(cells.get(CellKey(model, scale, m, phase)), what, mem_scale) for m in modes]
             out.append(f"| {model} | {scale} | " + " | ".join(vals) + " |")
         out.append("")
     return "\n".join(out)
@@ -69,8 +69,9 @@ def env_text(doc: dict[str, Any]) -> str:
     return (
         f"- commit: `{git.get('sha')}`{dirty}\n"
         f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
-        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores, torch threads "
-        f"{env.get('torch_threads')}); GPU: {env.get('gpu') or 'none'}\n"
+        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
+        f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
+        f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
         f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
         f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
     )
@@ -78,13 +79,14 @@ def env_text(doc: dict[str, Any]) -> str:
 
 def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     rows = paper.paper_rows(doc)
+    unit, mem_scale = plots.memory_unit(doc)
     parts = [f"# {title}\n", env_text(doc)]
     if any(r.get("compile+optimus status") for r in rows):
         parts += ["## compile+optimus against compile and compile+peer\n", paper.format_paper_table(rows), ""]
     parts += [
         "## Per mode\n",
         grid(doc, "latency", "Median step latency, ms (IQR)"),
-        grid(doc, "memory", "Peak memory of one step, MiB"),
+        grid(doc, "memory", f"Peak memory of one step, {unit}", mem_scale),
         grid(doc, "compile", "Compile time, s (caches off)"),
         grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),
         "## Failed, timed-out and mismatched cells\n",

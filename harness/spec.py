@@ -84,7 +84,7 @@ class RunConfig:
     max_iters: int = 200
     budget_s: float = 2.0
     timeout_s: float = 600.0
-    threads: int = 0  # 0: leave torch's default
+    threads: int = 1  # torch intra-op (and OpenMP) threads per cell; 0: leave torch's default
     atol: float = 1e-4
     rtol: float = 1e-3
     provider: str = DEFAULT_PROVIDER

@@ -24,7 +24,8 @@ class Field:
 
     def allowed(self) -> str:
         if self.kind == "widths":
-            return f"a tuple of at least {int(self.low or 0)} positive ints"
+            low = int(self.low or 0)
+            return "a tuple of positive ints" + (f" (at least {low})" if low else " (may be empty)")
         if self.kind == "str":
             return f"one of {list(self.choices)}"
         if self.kind == "bool":

@@ -55,6 +55,13 @@ class RewriteContext:
             self._canon[node] = canonicalize(node, self.modules)
         return self._canon[node]
 
+    def must_canon(self, node: Any) -> Canon:
+        """The canonical form of a node a rule's ``key`` accepted (so it has one)."""
+        canon = self.canon(node)
+        if canon is None:
+            raise ValueError(f"{node} has no canonical form")
+        return canon
+
     def meta(self, node: Any) -> TensorMeta | None:
         return tensor_meta(node) if isinstance(node, fx.Node) else None
 
@@ -68,7 +75,9 @@ class RewriteContext:
         """Bytes ``Builder.stack(values)`` moves: 0 if it can reuse an unbound tensor."""
         probe = Builder.__new__(Builder)
         probe.ctx = self
-        if all(isinstance(v, fx.Node) for v in values) and probe.unstacked_source(values) is not None:
+        if all(isinstance(v, fx.Node) for v in values) and (
+            probe.unstacked_source(values) is not None or probe.split_source(values) is not None
+        ):
             return 0.0
         return float(sum(2 * m.nbytes for m in (self.meta(v) for v in values) if m is not None))
 

@@ -138,7 +138,7 @@ def pixel_report(png: Path) -> dict[str, Any]:
 
 
 def check(html_dir: Path, out: Path, page: str, exe: str, budget_ms: int, assets: Path | None,
-          window: str = "1400,900") -> dict[str, Any]:  # fmt: skip
+          window: str = "1400,900", keep_site: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Render ``page`` of the published site; return the DOM and pixel reports and a verdict."""
     if not (html_dir / "index.html").exists():
         raise SystemExit(f"asv_screenshot: {html_dir}/index.html not found; run `asv publish` first")
@@ -146,6 +146,9 @@ def check(html_dir: Path, out: Path, page: str, exe: str, budget_ms: int, assets
     with tempfile.TemporaryDirectory(prefix="asv-shot-") as tmp:
         work = Path(tmp)
         site = localize(html_dir, assets, work) if assets else html_dir
+        if keep_site is not None and assets:
+            shutil.rmtree(keep_site, ignore_errors=True)
+            shutil.copytree(site, keep_site)
         with serve(site) as url:
             target = url + "index.html" + page
             timing = [f"--virtual-time-budget={budget_ms}", f"--window-size={window}"]
@@ -181,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chromium", help="browser executable (default: chromium on PATH)")
     ap.add_argument("--budget-ms", type=int, default=20000, help="virtual time the page gets to settle")
     ap.add_argument("--assets-dir", help="local copies of asv's CDN scripts/styles, by file name")
+    ap.add_argument("--keep-site", help="with --assets-dir: also write the localized site here (to serve it)")
     args = ap.parse_args(argv)
     exe = find_chromium(args.chromium)
     report = check(Path(args.html_dir), Path(args.out), args.page, exe, args.budget_ms,
-                   Path(args.assets_dir) if args.assets_dir else None)  # fmt: skip
+                   Path(args.assets_dir) if args.assets_dir else None,
+                   keep_site=Path(args.keep_site) if args.keep_site else None)  # fmt: skip
     print(json.dumps(report, indent=1))
     return 0 if report["rendered"] else 1
 

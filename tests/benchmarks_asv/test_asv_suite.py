@@ -90,7 +90,7 @@ def given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             error="outputs differ from eager",
             latency_ms=None,
         ),
-        harness_cell("dcn", "compile+optimus", "infer", 1.0, 2**20),  # no node counts recorded
+        harness_cell("dcn", "compile+optimus", "infer", 1.0, 2**20, optimus_s=None),  # nothing recorded
     ]
     path = tmp_path / "night.json"
     path.write_text(json.dumps({"env": {"git": {"sha": SHA, "dirty": False}}, "cells": cells}))

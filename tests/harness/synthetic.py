@@ -10,7 +10,9 @@ from harness import measure
 from harness.results import new_results
 
 
-def latency_samples(median_ms: float, n: int, seed: int, noise: float = 0.05, outliers: float = 0.05) -> list[float]:
+def latency_samples(
+    median_ms: float, n: int, seed: int, noise: float = 0.05, outliers: float = 0.05
+) -> list[float]:
     """Realistic latency noise: log-normal spread around the median plus rare slow outliers
     (another process taking the core), as seen on this shared 2-core machine."""
     rng = np.random.default_rng(seed)

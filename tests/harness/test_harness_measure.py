@@ -12,9 +12,13 @@ from harness import measure
 
 def test_time_iterations_respects_count_and_budget() -> None:
     calls = []
-    samples = measure.time_iterations(lambda: calls.append(1), warmup=2, min_iters=3, max_iters=7, budget_s=10.0)
+    samples = measure.time_iterations(
+        lambda: calls.append(1), warmup=2, min_iters=3, max_iters=7, budget_s=10.0
+    )
     assert len(samples) == 7 and len(calls) == 9  # budget never reached: stops at max_iters
-    samples = measure.time_iterations(lambda: time.sleep(0.01), warmup=0, min_iters=2, max_iters=1000, budget_s=0.05)
+    samples = measure.time_iterations(
+        lambda: time.sleep(0.01), warmup=0, min_iters=2, max_iters=1000, budget_s=0.05
+    )
     assert 2 <= len(samples) <= 10  # budget reached after ~5 samples
     assert all(s >= 9.0 for s in samples)  # milliseconds
     with pytest.raises(ValueError, match="min_iters"):

@@ -45,11 +45,17 @@ def test_wrong_version_is_rejected(tmp_path: Path) -> None:
     [
         (lambda d: d.pop("kind"), "not an optimus-bench results file"),
         (lambda d: d["cells"][0].pop("status"), r"cells\[0\]: missing field 'status'"),
-        (lambda d: d["cells"][0].update(mode="jit"), r"cells\[0\]\.mode: unknown 'jit'; allowed values: eager"),
+        (
+            lambda d: d["cells"][0].update(mode="jit"),
+            r"cells\[0\]\.mode: unknown 'jit'; allowed values: eager",
+        ),
         (lambda d: d["cells"][0].update(status="broken"), r"cells\[0\]\.status: unknown 'broken'"),
         (lambda d: d["cells"][0].update(status="failed", error=None), "needs an error message"),
         (lambda d: d["cells"][0]["latency_ms"].update(samples=[]), "samples: is empty"),
-        (lambda d: d["cells"][0]["latency_ms"].update(samples=["1"]), "samples: must be a list of finite numbers"),
+        (
+            lambda d: d["cells"][0]["latency_ms"].update(samples=["1"]),
+            "samples: must be a list of finite numbers",
+        ),
         (lambda d: d["cells"][0].update(compile_s="3"), r"cells\[0\]\.compile_s: has type str"),
         (lambda d: d["cells"].append(dict(d["cells"][0])), "duplicate cell mlp/tiny/compile/infer"),
         (lambda d: d.update(cells={}), "field 'cells' must be a list"),

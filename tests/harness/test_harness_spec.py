@@ -37,7 +37,9 @@ def test_config_errors(kw: dict, message: str) -> None:
 
 
 def test_cells_order_keeps_modes_of_one_model_and_phase_together() -> None:
-    cfg = RunConfig(models=["mlp", "towers"], modes=["eager", "compile"], phases=["infer"], provider=FAKES).validate()
+    cfg = RunConfig(
+        models=["mlp", "towers"], modes=["eager", "compile"], phases=["infer"], provider=FAKES
+    ).validate()
     assert [(c.model, c.mode) for c in cfg.cells()] == [
         ("mlp", "eager"), ("mlp", "compile"), ("towers", "eager"), ("towers", "compile"),
     ]  # fmt: skip

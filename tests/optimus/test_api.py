@@ -32,6 +32,7 @@ def test_32_towers_become_one_batched_op(towers32) -> None:  # type: ignore[no-u
     assert count_calls(gm, F.linear) == 0
     assert count_calls(gm, torch.baddbmm) == 1
     assert count_calls(gm, F.layer_norm) == 1
+    assert count_calls(gm, torch.split) == 0  # the stacked input is a view of x, not a copy of its pieces
     assert rep.nodes_after < rep.nodes_before
     assert_parity(mod, gm, [x])
 
@@ -114,7 +115,7 @@ def test_keyed_jagged_tensor_inputs() -> None:
 
 
 def test_unknown_rule_name_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match="unknown rule name.*'nope'.*valid rules.*batch_linear"):
+    with pytest.raises(ValueError, match=r"unknown rule name.*'nope'.*valid rules.*batch_linear"):
         optimus.optimize(nn.Linear(2, 2), (torch.randn(1, 2),), rules=["nope"])
     with pytest.raises(ValueError, match="rules must be"):
         optimus.optimize(nn.Linear(2, 2), (torch.randn(1, 2),), rules="batch_linear")  # type: ignore[arg-type]
@@ -148,3 +149,65 @@ def test_bad_config_values() -> None:
         "dce",
         "cse",
     } <= set(optimus.RULES)
+
+
+def test_verify_passes_on_a_correct_optimization(towers32) -> None:  # type: ignore[no-untyped-def]
+    mod, x, _ = towers32
+    gm = optimus.optimize(mod, (x,), verify=True)
+    rep = gm.optimus_report
+    assert rep.rolled_back == {}
+    assert rep.rules_fired["batch_linear"] == 1
+    assert_parity(mod, gm, [x])
+
+
+def test_mixed_fused_and_unfused_branches_under_dynamo() -> None:
+    """Towers of two widths plus branches no rule touches: each width is its own group, the
+    other branches stay, all in one Dynamo graph that iterates over split outputs."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wide = nn.ModuleList([nn.Linear(8, 8) for _ in range(8)])
+            self.narrow = nn.ModuleList([nn.Linear(4, 4) for _ in range(8)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = torch.split(x, [64, 32], dim=1)
+            outs = [torch.relu(lin(p)) for lin, p in zip(self.wide, a.split(8, dim=1), strict=True)]
+            outs += [torch.sigmoid(lin(p)) for lin, p in zip(self.narrow, b.chunk(8, dim=1), strict=True)]
+            outs.append(torch.logsumexp(x, dim=1, keepdim=True))  # unknown to the rules
+            return torch.cat(outs, dim=1)
+
+    torch.manual_seed(0)
+    mod, x = Mixed(), torch.randn(5, 96)
+    gm = optimus.optimize(mod, (x,))
+    rep = gm.optimus_report
+    assert rep.capture == "export"
+    assert rep.rules_fired["batch_linear"] == 2
+    assert rep.rules_fired["batch_unary"] == 2
+    assert count_calls(gm, torch.logsumexp) == 1
+    assert_parity(mod, gm, [x])
+
+
+def test_a_model_dynamo_cannot_run_comes_back_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If neither export nor torch.compile can capture the model, optimize() still returns a
+    GraphModule that runs it, with the reason in the report (it never raises for the model)."""
+    import optimus.api as api
+    import optimus.capture as capture
+
+    def no_export(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("export unavailable")
+
+    def failing_compile(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            raise RuntimeError("dynamo unavailable")
+
+        return run
+
+    monkeypatch.setattr(capture, "export", no_export)
+    monkeypatch.setattr(api.torch, "compile", failing_compile)
+    torch.manual_seed(0)
+    mod, x = nn.Linear(4, 3), torch.randn(2, 4)
+    gm = optimus.optimize(mod, (x,))
+    assert gm.optimus_report.stop_reason == "unchanged"
+    assert "dynamo unavailable" in gm.optimus_report.notes[-1]
+    torch.testing.assert_close(gm(x), mod(x))
