@@ -8,8 +8,8 @@
     getitem(getitem(T, slice(a, b)), i)         -> getitem(T, a + i)   (left by merge_splits)
 
 WHY: sizes become an explicit list (chunk and tensor_split sizes are read from the recorded
-shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative and
-keyword, so the other rules, CSE and later passes see one form. The value of every node is
+shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative
+(a positional or omitted dim is left so: binding reads them all the same), so the other rules, CSE and later passes see one form. The value of every node is
 unchanged, so it runs as a cleanup (each round, not cost-checked). Ordered nodes (effects,
 mutated alias classes) are left alone. A tensor_split whose pieces do not tile the input
 (unsorted indices) is not a split and is left alone.
@@ -43,11 +43,18 @@ def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...]
 
 
 def _same(node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if node.op != "call_function" or node.target is not target or node.kwargs != kwargs:
+    """Already canonical? The dim may be positional or keyword (binding makes them the same for
+    every reader; rewriting only that would churn nodes other rules emit)."""
+    if node.op != "call_function" or node.target is not target:
         return False
-    if len(node.args) != len(args):
+    have_args, have_kwargs = list(node.args), dict(node.kwargs)
+    if len(have_args) == len(args) + 1 and not have_kwargs:
+        have_kwargs = {"dim": have_args.pop()}
+    elif len(have_args) == len(args) and not have_kwargs:
+        have_kwargs = {"dim": 0}  # the default
+    if have_kwargs != kwargs or len(have_args) != len(args):
         return False
-    for have, want in zip(node.args, args, strict=True):
+    for have, want in zip(have_args, args, strict=True):
         if isinstance(want, list):
             if not isinstance(have, list) or have != want:
                 return False
