@@ -1,0 +1,96 @@
+"""cat_split: a split of a cat along the same dim -> the cat's inputs (or a split of one input)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from split_cat_helpers import fired, ops, run
+
+RULES = ["cat_split"]
+
+
+@pytest.mark.parametrize(
+    ("shapes", "cat_dim", "split_dim"),
+    [
+        ([(4, 3), (4, 5)], 1, 1),
+        ([(4, 3), (4, 5), (4, 2)], -1, 1),
+        ([(2, 6), (3, 6)], 0, -2),
+        ([(2, 1, 5), (2, 4, 5), (2, 2, 5)], 1, -2),
+    ],
+)
+def test_exact_pieces_become_the_cat_inputs(shapes, cat_dim, split_dim) -> None:  # type: ignore[no-untyped-def]
+    d = cat_dim % len(shapes[0])
+    sizes = [s[d] for s in shapes]
+    n = len(shapes)
+
+    def f(self, x, y, z):  # type: ignore[no-untyped-def]
+        ins = [x * 1.0, y * 2.0, z * 3.0][:n]
+        parts = torch.split(torch.cat(ins, cat_dim), sizes, split_dim)
+        return tuple(torch.tanh(parts[i]) for i in range(n))
+
+    inputs = [torch.randn(s) for s in shapes] + [torch.randn(1)] * (3 - n)
+    gm = run(f, inputs, RULES)
+    assert fired(gm, "cat_split") == 1
+    assert ops(gm, "cat") == 0 and ops(gm, "split") == 0
+
+
+def test_finer_pieces_split_the_cat_input_instead() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        parts = torch.split(torch.cat([x * 1.0, y * 2.0], -1), [8, 2, 2, 4], 1)
+        return parts[0] + 1.0, parts[1] * parts[2], parts[3]
+
+    gm = run(f, [torch.randn(3, 8), torch.randn(3, 8)], RULES)
+    assert fired(gm, "cat_split") == 1
+    assert ops(gm, "cat") == 0 and ops(gm, "split") == 1  # split(y, [2, 2, 4])
+
+
+def test_cat_with_other_users_stays_and_split_goes() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        c = torch.cat([x * 1.0, y * 2.0], 1)
+        a, b = torch.split(c, [4, 6], 1)
+        return a * b.sum(), c
+
+    gm = run(f, [torch.randn(2, 4), torch.randn(2, 6)], RULES)
+    assert fired(gm, "cat_split") == 1
+    assert ops(gm, "cat") == 1 and ops(gm, "split") == 0
+
+
+def _no_fire(f, inputs):  # type: ignore[no-untyped-def]
+    gm = run(f, inputs, RULES)
+    assert fired(gm, "cat_split") == 0
+    assert ops(gm, "split") == 1
+    return gm
+
+
+def test_straddling_piece_does_not_fire() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        a, b = torch.split(torch.cat([x * 1.0, y * 1.0], 1), [3, 7], 1)
+        return a, b
+
+    _no_fire(f, [torch.randn(2, 4), torch.randn(2, 6)])
+
+
+def test_different_dims_do_not_fire() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        a, b = torch.split(torch.cat([x * 1.0, y * 1.0], 1), 2, 0)
+        return a, b
+
+    _no_fire(f, [torch.randn(4, 4), torch.randn(4, 4)])
+
+
+def test_mutated_cat_does_not_fire() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        c = torch.cat([x * 1.0, y * 1.0], 1)
+        c.add_(1.0)  # the pieces are no longer the cat's inputs
+        a, b = torch.split(c, [4, 4], 1)
+        return a * 2.0, b * 1.0
+
+    _no_fire(f, [torch.randn(2, 4), torch.randn(2, 4)])
+
+
+def test_would_return_a_model_input_itself_does_not_fire() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        a, b = torch.split(torch.cat([x, y], 1), [4, 4], 1)
+        return a, b
+
+    _no_fire(f, [torch.randn(2, 4), torch.randn(2, 4)])
