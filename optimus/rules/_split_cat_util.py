@@ -327,6 +327,9 @@ class Found:
     before: Cost
     after: Cost
     data: Any = None
+    reads: tuple[fx.Node, ...] = ()  # nodes the rewrite is built from: no other rewrite of this
+    # rule may replace them in the same round (the result would still be right, but built from a
+    # node that is on its way out, e.g. two nested merges at once leave the middle split alive)
 
 
 def fitting_label(members: Sequence[fx.Node], ctx: RewriteContext) -> float | None:
@@ -365,12 +368,13 @@ class NodeSetRule:
             found = self.find(node, ctx)
             if found is None or not found.members or not all_movable(found.members, ctx):
                 continue
-            if any(m in claimed for m in found.members):
-                continue  # one rewrite per member per round
+            touched = (*found.members, *found.reads)
+            if any(m in claimed for m in touched):
+                continue  # one rewrite per node per round
             label = fitting_label(found.members, ctx)
             if label is None:
                 continue
-            claimed.update(found.members)
+            claimed.update(touched)
             out.append(Candidate(self.name, found.members, found.before, found.after, label, found.data))
         return out
 

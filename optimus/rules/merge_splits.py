@@ -56,7 +56,8 @@ class MergeSplits(NodeSetRule):
         merged = (*outer.sizes[:i], *inner.sizes, *outer.sizes[i + 1 :])
         shift = len(inner.sizes) - 1
         index = {g: (j if j < i else j + shift) for j, gs in pieces.items.items() if j != i for g in gs}
-        return Found(members, VIEW + VIEW, VIEW, (outer.input, merged, outer.dim, i, len(inner.sizes), index))
+        data = (outer.input, merged, outer.dim, i, len(inner.sizes), index)
+        return Found(members, VIEW + VIEW, VIEW, data, reads=(outer.node, inner.input))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         source, merged, dim, i, count, index = data

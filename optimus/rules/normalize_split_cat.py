@@ -107,7 +107,10 @@ class NormalizeSplitCat(CleanupRule):
             with ctx.graph.inserting_before(node):
                 new = ctx.graph.call_function(target, args, kwargs)
             new.meta.update(node.meta)  # same value, so the recorded shapes stay right
+            inner = node.args[0] if target is operator.getitem else None
             node.replace_all_uses_with(new)
             ctx.graph.erase_node(node)
             replaced[node] = new
+            if isinstance(inner, fx.Node) and not inner.users:  # the folded tuple slice, once unread
+                ctx.graph.erase_node(inner)
         return len(plan)
