@@ -32,8 +32,8 @@ from ._split_cat_util import (
     only_used_by,
     pieces_of,
     split_view,
+    views,
 )
-from .base import Cost
 
 
 class CatSplit(NodeSetRule):
@@ -81,7 +81,7 @@ class CatSplit(NodeSetRule):
             before = before + copy_cost(split.input, ctx)
         index = {g: i for i, gs in pieces.items.items() for g in gs}
         return Found(
-            members, before, Cost(launches=float(resplits)), (cat.tensors, cat.dim, where, inside, index)
+            members, before, views(resplits), (cat.tensors, cat.dim, where, inside, index)
         )
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:

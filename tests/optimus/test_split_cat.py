@@ -159,3 +159,24 @@ def test_graph_has_no_leftover_nodes() -> None:
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert len(targets) == 2, targets  # mul, add
     assert isinstance(gm, fx.GraphModule)
+
+
+def test_long_run_inside_a_longer_cat_becomes_one_view() -> None:
+    def f(self, x):  # type: ignore[no-untyped-def]
+        p = torch.split(x * 1.0, 1, -1)
+        return torch.cat([p[0].relu(), *[p[i] for i in range(1, 9)], p[9].tanh()], -1)
+
+    gm = run(f, [torch.randn(3, 10)], RULES)
+    assert fired(gm, "split_cat") == 1
+    (cat,) = [n for n in gm.graph.nodes if n.target is torch.cat]
+    assert len(cat.args[0]) == 3 and ops(gm, "narrow") == 1
+
+
+def test_short_run_inside_a_longer_cat_does_not_pay() -> None:
+    def f(self, x):  # type: ignore[no-untyped-def]
+        p = torch.split(x * 1.0, 2, 1)
+        return torch.cat([p[0].relu(), p[1], p[2], p[3].tanh()], 1)
+
+    gm = run(f, [torch.randn(3, 8)], RULES)
+    assert fired(gm, "split_cat") == 0
+    assert gm.optimus_report.declined.get("split_cat") == 1
