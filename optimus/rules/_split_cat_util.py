@@ -329,9 +329,7 @@ def copy_cost(node: fx.Node, ctx: RewriteContext, inputs: int | None = None) -> 
         listed = node.args[0] if node.args else node.kwargs.get("tensors")
         inputs = len(listed) if isinstance(listed, (list, tuple)) else 1
     meta = ctx.meta(node)
-    return Cost(
-        launches=1.0 + CAT_INPUT_LAUNCHES * inputs, bytes=0.0 if meta is None else 2.0 * meta.nbytes
-    )
+    return Cost(launches=1.0 + CAT_INPUT_LAUNCHES * inputs, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
 
 
 # -- multi-node rewrites ------------------------------------------------------------------------

@@ -80,9 +80,7 @@ class CatSplit(NodeSetRule):
         if only_used_by(split.input, [node]):
             before = before + copy_cost(split.input, ctx)
         index = {g: i for i, gs in pieces.items.items() for g in gs}
-        return Found(
-            members, before, views(resplits), (cat.tensors, cat.dim, where, inside, index)
-        )
+        return Found(members, before, views(resplits), (cat.tensors, cat.dim, where, inside, index))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         tensors, dim, where, inside, index = data

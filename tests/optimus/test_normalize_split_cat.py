@@ -28,7 +28,9 @@ SPLITS = {
 def _canonical_splits(gm: fx.GraphModule) -> list[fx.Node]:
     found = []
     for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method") and ("split" in str(n.target) or "chunk" in str(n.target)):
+        if n.op in ("call_function", "call_method") and (
+            "split" in str(n.target) or "chunk" in str(n.target)
+        ):
             assert n.op == "call_function" and n.target is torch.split, n.format_node()
             assert isinstance(n.args[1], list) and all(isinstance(s, int) for s in n.args[1])
             assert n.kwargs["dim"] >= 0

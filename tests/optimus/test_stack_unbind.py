@@ -9,7 +9,9 @@ from split_cat_helpers import fired, ops, run
 RULES = ["stack_unbind"]
 
 
-@pytest.mark.parametrize(("shape", "sdim", "udim"), [((2, 3), 0, 0), ((2, 3), -1, 2), ((4,), 1, -1), ((2, 3, 2), 1, 1)])
+@pytest.mark.parametrize(
+    ("shape", "sdim", "udim"), [((2, 3), 0, 0), ((2, 3), -1, 2), ((4,), 1, -1), ((2, 3, 2), 1, 1)]
+)
 def test_unbind_of_stack_becomes_the_inputs(shape, sdim, udim) -> None:  # type: ignore[no-untyped-def]
     def f(self, x, y, z):  # type: ignore[no-untyped-def]
         s = torch.stack([x * 1.0, y * 2.0, z * 3.0], sdim)
