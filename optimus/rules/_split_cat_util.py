@@ -344,6 +344,9 @@ class Found:
     reads: tuple[fx.Node, ...] = ()  # nodes the rewrite is built from: no other rewrite of this
     # rule may replace them in the same round (the result would still be right, but built from a
     # node that is on its way out, e.g. two nested merges at once leave the middle split alive)
+    consumed: tuple[fx.Node, ...] = ()  # nodes that die with the rewrite: listed in the candidate
+    # (replaced by themselves) so that no other rule rewrites them in the same round for nothing,
+    # when one label fits them and the members (else the rewrite goes ahead without them)
 
 
 def fitting_label(members: Sequence[fx.Node], ctx: RewriteContext) -> float | None:
@@ -382,15 +385,23 @@ class NodeSetRule:
             found = self.find(node, ctx)
             if found is None or not found.members or not all_movable(found.members, ctx):
                 continue
-            touched = (*found.members, *found.reads)
-            if any(m in claimed for m in touched):
-                continue  # one rewrite per node per round
-            label = fitting_label(found.members, ctx)
+            consumed = tuple(c for c in dict.fromkeys(found.consumed) if c not in found.members)
+            nodes = (*found.members, *consumed)
+            label = fitting_label(nodes, ctx) if all_movable(consumed, ctx) else None
             if label is None:
-                continue
+                nodes = found.members
+                label = fitting_label(nodes, ctx)
+            touched = (*nodes, *found.reads)
+            if label is None or any(m in claimed for m in touched):
+                continue  # unplaceable, or one rewrite per node per round
             claimed.update(touched)
-            out.append(Candidate(self.name, found.members, found.before, found.after, label, found.data))
+            data = (len(found.members), found.data)
+            out.append(Candidate(self.name, nodes, found.before, found.after, label, data))
         return out
 
     def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
-        return self.build(cand.nodes, cand.data, b)
+        count, data = cand.data
+        built = self.build(cand.nodes[:count], data, b)
+        if built is None:
+            return None
+        return [*built, *cand.nodes[count:]]  # consumed nodes: replaced by themselves

@@ -76,11 +76,12 @@ class CatSplit(NodeSetRule):
                 return None
         used = {where[i][0] for i in pieces.items}
         resplits = sum(1 for j in used if len(inside[j]) > 1)
-        before = VIEW
+        before, consumed = VIEW, ()
         if only_used_by(split.input, [node]):
-            before = before + copy_cost(split.input, ctx)
+            before, consumed = before + copy_cost(split.input, ctx), (split.input,)
         index = {g: i for i, gs in pieces.items.items() for g in gs}
-        return Found(members, before, views(resplits), (cat.tensors, cat.dim, where, inside, index))
+        data = (cat.tensors, cat.dim, where, inside, index)
+        return Found(members, before, views(resplits), data, consumed=consumed)
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         tensors, dim, where, inside, index = data

@@ -46,7 +46,8 @@ class FlattenCats(NodeSetRule):
                 flat.append(t)
         if not inlined:
             return None
-        return Found((node,), before, copy_cost(node, ctx), (tuple(flat), outer.dim))
+        after = copy_cost(node, ctx, len(flat))
+        return Found((node,), before, after, (tuple(flat), outer.dim), consumed=tuple(inlined))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         tensors, dim = data

@@ -57,10 +57,11 @@ class StackUnbind(NodeSetRule):
         index = {g: i for i, gs in pieces.items.items() for g in gs}
         if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
             return None
-        before = VIEW
+        before, consumed = VIEW, ()
         if only_used_by(unbind.input, [node]):
-            before = before + copy_cost(unbind.input, ctx)
-        return Found(members, before, Cost(), ("items", tuple(stack.tensors[index[g]] for g in members)))
+            before, consumed = before + copy_cost(unbind.input, ctx), (unbind.input,)
+        data = ("items", tuple(stack.tensors[index[g]] for g in members))
+        return Found(members, before, Cost(), data, consumed=consumed)
 
     def _stack_of_unbind(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         stack = stack_view(node, ctx)
