@@ -76,7 +76,8 @@ class CatSplit(NodeSetRule):
                 return None
         used = {where[i][0] for i in pieces.items}
         resplits = sum(1 for j in used if len(inside[j]) > 1)
-        before, consumed = VIEW, tuple[fx.Node, ...]()
+        consumed: tuple[fx.Node, ...] = ()
+        before = VIEW
         if only_used_by(split.input, [node]):
             before, consumed = before + copy_cost(split.input, ctx), (split.input,)
         index = {g: i for i, gs in pieces.items.items() for g in gs}

@@ -57,7 +57,8 @@ class StackUnbind(NodeSetRule):
         index = {g: i for i, gs in pieces.items.items() for g in gs}
         if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
             return None
-        before, consumed = VIEW, tuple[fx.Node, ...]()
+        consumed: tuple[fx.Node, ...] = ()
+        before = VIEW
         if only_used_by(unbind.input, [node]):
             before, consumed = before + copy_cost(unbind.input, ctx), (unbind.input,)
         data = ("items", tuple(stack.tensors[index[g]] for g in members))
