@@ -38,9 +38,9 @@ def module_of(fn: Any) -> nn.Module:
 
 
 def run(fn: Any, inputs: Sequence[torch.Tensor], rules: Sequence[str], **kw: Any) -> fx.GraphModule:
-    """symbolic_trace ``fn(self, *inputs)``, optimize with ``rules`` (launch-bound cost model unless
+    """symbolic_trace ``fn(self, *inputs)`` (or a module), optimize with ``rules`` (launch-bound cost model unless
     given), check forward and backward parity against the function itself, return the graph."""
-    mod = module_of(fn)
+    mod = fn if isinstance(fn, nn.Module) else module_of(fn)
     kw.setdefault("cost_model", LAUNCH_BOUND)
     gm = optimus.optimize(fx.symbolic_trace(mod), tuple(inputs), rules=list(rules), **kw)
     assert_parity(mod, gm, inputs)
