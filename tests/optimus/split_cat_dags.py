@@ -42,6 +42,13 @@ def _dim(draw: Any, rank: int, d: int) -> int:
     return d - rank if draw(st.booleans()) else d
 
 
+def _fits(shape: tuple[int, ...], like: tuple[int, ...], d: int) -> bool:
+    """Same rank and extents as ``like`` except along ``d`` (can be concatenated with it)."""
+    return len(shape) == len(like) and all(
+        a == b for k, (a, b) in enumerate(zip(shape, like, strict=False)) if k != d
+    )
+
+
 @st.composite
 def plans(draw: Any, max_steps: int = 10) -> Plan:
     rank = draw(st.integers(2, 3))
@@ -89,7 +96,7 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
             plan.steps.append(("split", src, form, arg, _dim(draw, len(shape), d)))
             first = len(vals)
             for s in sizes:
-                vals.append(_Val(shape[:d] + (s,) + shape[d + 1 :], fresh=False, base=src))
+                vals.append(_Val((*shape[:d], s, *shape[d + 1 :]), fresh=False, base=src))
             last_split = (d, list(range(first, len(vals))))
             plan.steps[-1] = (*plan.steps[-1], last_split[1])
         elif kind == "cat":
@@ -113,7 +120,7 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
                 )
                 chosen = draw(st.lists(st.sampled_from(same), min_size=1, max_size=4))
             shape = vals[chosen[0]].shape
-            out = shape[:d] + (sum(vals[c].shape[d] for c in chosen),) + shape[d + 1 :]
+            out = (*shape[:d], sum(vals[c].shape[d] for c in chosen), *shape[d + 1 :])
             plan.steps.append(("cat", chosen, _dim(draw, len(shape), d)))
             last_made["cat"] = (len(vals), d)
             cat_widths[len(vals)] = [vals[c].shape[d] for c in chosen]
@@ -130,12 +137,12 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
                 shape = vals[draw(st.sampled_from(live()))].shape
                 if len(shape) >= 4:
                     continue
-                same = live(lambda v: v.shape == shape)
+                same = [i for i in live() if vals[i].shape == shape]
                 chosen = draw(st.lists(st.sampled_from(same), min_size=1, max_size=4))
                 d = draw(st.integers(0, len(shape)))
             plan.steps.append(("stack", chosen, _dim(draw, len(shape) + 1, d)))
             last_made["stack"] = (len(vals), d)
-            vals.append(_Val(shape[:d] + (len(chosen),) + shape[d:], fresh=True))
+            vals.append(_Val((*shape[:d], len(chosen), *shape[d:]), fresh=True))
         elif kind == "unbind":
             candidates = live(lambda v: len(v.shape) >= 2)
             if not candidates:
