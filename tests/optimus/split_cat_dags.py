@@ -112,12 +112,7 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
                 base = draw(st.sampled_from(live()))
                 shape = vals[base].shape
                 d = draw(st.integers(0, len(shape) - 1))
-                same = live(
-                    lambda v: (
-                        len(v.shape) == len(shape)
-                        and all(a == b for k, (a, b) in enumerate(zip(v.shape, shape, strict=True)) if k != d)
-                    )
-                )
+                same = [i for i in live() if _fits(vals[i].shape, shape, d)]
                 chosen = draw(st.lists(st.sampled_from(same), min_size=1, max_size=4))
             shape = vals[chosen[0]].shape
             out = (*shape[:d], sum(vals[c].shape[d] for c in chosen), *shape[d + 1 :])
