@@ -31,8 +31,8 @@ def optimize_graph_module(
     op it does not know: such nodes are left alone. An internal failure leaves the graph as it was
     and says why in the report."""
     report = report or OptimusReport()
-    lower_modules(gm)
-    gm.recompile()
+    if lower_modules(gm):
+        gm.recompile()
     verifier = None
     if config.verify:
         if example_inputs is None:
@@ -40,14 +40,14 @@ def optimize_graph_module(
         else:
             reference = capture.copy_graph_module(gm)
             verifier = Verifier(reference, example_inputs, config.seed, config.rtol, config.atol)
-    backup = capture.copy_graph_module(gm)
+    backup = capture.copy_graph(gm.graph)
     try:
         driver.run(gm, config, report, verifier)
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc
         )
-        gm.graph = backup.graph
+        gm.graph = backup
         gm.recompile()
         report.stop_reason = "unchanged"
         report.nodes_after = report.nodes_before = len(gm.graph.nodes)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from .meta import propagate, value_meta
+from .meta import value_meta
 
 if TYPE_CHECKING:
     from .context import RewriteContext
@@ -28,8 +28,8 @@ class Builder:
         self.created: list[fx.Node] = []
 
     def _add(self, node: fx.Node) -> fx.Node:
+        """Record a new node. Its meta is computed lazily, on first use (see meta.value_meta)."""
         self.created.append(node)
-        propagate(node)
         return node
 
     def call(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
@@ -65,8 +65,11 @@ class Builder:
         canon = self.ctx.canon(source)
         if canon is None or canon.op != "unbind" or canon["dim"] != 0:
             return None
-        pieces = value_meta(source)  # tuple of metas, one per piece
-        if not isinstance(pieces, tuple) or len(pieces) != len(values):
+        count = source.meta.get("optimus_pieces")  # set by Builder.unbind: no meta needed
+        if count is None:
+            pieces = value_meta(source)  # tuple of metas, one per piece
+            count = len(pieces) if isinstance(pieces, tuple) else None
+        if count != len(values):
             return None
         for i, v in enumerate(values):
             if not (v.op == "call_function" and v.target is operator.getitem and v.args == (source, i)):
@@ -76,6 +79,7 @@ class Builder:
 
     def unbind(self, node: fx.Node, n: int, dim: int = 0) -> list[fx.Node]:
         pieces = self.call(torch.unbind, node, dim)
+        pieces.meta["optimus_pieces"] = n
         return [self.getitem(pieces, i) for i in range(n)]
 
     def stacked_params(self, params: Sequence[fx.Node], transpose: bool = False) -> fx.Node:

@@ -54,14 +54,18 @@ def check_inputs(module: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
     return inputs
 
 
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of a graph (nodes and meta), keeping its codegen (pytree in/out specs)."""
+    new = fx.Graph(owning_module=graph.owning_module)
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    new._codegen = copy.deepcopy(graph._codegen)
+    return new
+
+
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A new GraphModule with a copy of the graph, sharing parameters and submodules."""
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
-    new = fx.GraphModule(gm, graph)
-    return new
+    return fx.GraphModule(gm, copy_graph(gm.graph))
 
 
 def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:

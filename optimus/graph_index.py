@@ -50,6 +50,10 @@ class GraphIndex:
                 last_ordered = d
             self.depth[node] = d
         self._ancestors: dict[fx.Node, int] | None = None
+        # nodes rules must not rewrite: ordered ones and their direct readers (computed once)
+        self.blocked: set[fx.Node] = set(self.ordered)
+        for node in self.ordered:
+            self.blocked.update(node.users)
 
     # -- labels ---------------------------------------------------------------------------
     def input_label(self, node: fx.Node) -> float:
@@ -67,7 +71,7 @@ class GraphIndex:
 
     def movable(self, node: fx.Node) -> bool:
         """May a rule rewrite this node? Not if it is ordered or reads an ordered value."""
-        return node not in self.ordered and not any(i in self.ordered for i in node.all_input_nodes)
+        return node not in self.blocked
 
     # -- exact reachability --------------------------------------------------------------------
     def _build_ancestors(self) -> dict[fx.Node, int]:

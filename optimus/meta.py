@@ -10,6 +10,7 @@ meta by running its target on ``meta``-device tensors (no data, microseconds), a
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,8 @@ def value_meta(node: fx.Node) -> Any:
         found = _from_value(_fetch_attr(node))
         node.meta[KEY] = found
         return found
+    if node.op in ("call_function", "call_method"):
+        return propagate(node)  # a node a rewrite created: computed on first use
     return None
 
 
@@ -99,9 +102,43 @@ def _with_device(value: Any, device: torch.device) -> Any:
     return None
 
 
+def _fast_shape(node: fx.Node) -> Any:
+    """Shapes of the structural ops fused forms use most, without running anything."""
+    if node.op != "call_function":
+        return None
+    if node.target is torch.stack and node.args and isinstance(node.args[0], (list, tuple)):
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        metas = [value_meta(v) if isinstance(v, fx.Node) else None for v in node.args[0]]
+        if not metas or not all(isinstance(m, TensorMeta) for m in metas) or dim != 0:
+            return None
+        first = metas[0]
+        if any(m.shape != first.shape or m.dtype != first.dtype for m in metas):
+            return None
+        return TensorMeta((len(metas), *first.shape), first.dtype, first.device)
+    if node.target is torch.unbind and isinstance(node.args[0], fx.Node):
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        whole = value_meta(node.args[0])
+        if not isinstance(whole, TensorMeta) or dim != 0 or not whole.shape:
+            return None
+        piece = TensorMeta(whole.shape[1:], whole.dtype, whole.device)
+        return tuple(piece for _ in range(whole.shape[0]))
+    return None
+
+
 def propagate(node: fx.Node) -> Any:
     """Compute and store the meta of a node whose inputs all have meta. None if that fails."""
     devices: list[torch.device] = []
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        whole = value_meta(node.args[0])  # a piece of a multi-output op: no need to run anything
+        index = node.args[1]
+        if isinstance(whole, tuple) and isinstance(index, int) and -len(whole) <= index < len(whole):
+            node.meta[KEY] = whole[index]
+            return whole[index]
+
+    fast = _fast_shape(node)
+    if fast is not None:
+        node.meta[KEY] = fast
+        return fast
 
     def convert(arg: Any) -> Any:
         if isinstance(arg, fx.Node):

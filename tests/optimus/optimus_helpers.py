@@ -21,7 +21,7 @@ def grads_of(module: nn.Module, inputs: Sequence[torch.Tensor], fn: Any = None) 
     leaves = [x.detach().clone().requires_grad_(True) if x.is_floating_point() else x for x in inputs]
     params = [p for p in module.parameters() if p.requires_grad]
     torch.manual_seed(0)
-    out = (fn or module)(*leaves)
+    out = (fn if fn is not None else module)(*leaves)
     outs = out if isinstance(out, (list, tuple)) else (out,)
     gen = torch.Generator().manual_seed(1)
     loss = sum((o * torch.randn(o.shape, generator=gen)).sum() for o in outs if o.is_floating_point())

@@ -114,7 +114,7 @@ def test_keyed_jagged_tensor_inputs() -> None:
 
 
 def test_unknown_rule_name_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match="unknown rule name.*'nope'.*valid rules.*batch_linear"):
+    with pytest.raises(ValueError, match=r"unknown rule name.*'nope'.*valid rules.*batch_linear"):
         optimus.optimize(nn.Linear(2, 2), (torch.randn(1, 2),), rules=["nope"])
     with pytest.raises(ValueError, match="rules must be"):
         optimus.optimize(nn.Linear(2, 2), (torch.randn(1, 2),), rules="batch_linear")  # type: ignore[arg-type]

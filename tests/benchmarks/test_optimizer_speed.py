@@ -1,0 +1,109 @@
+"""pytest-benchmark: the optimizer's own time on synthetic towers graphs of 1k-20k nodes.
+
+Each graph is a stack of blocks; a block splits its input into 32 towers of
+Linear -> LayerNorm -> tanh and concatenates them (257 FX nodes per block, with the
+get_attr nodes). Only ``optimize_graph_module`` is timed: each round gets a fresh copy of the
+graph (setup). Sizes above 5k nodes are marked slow.
+
+    pytest tests/benchmarks/test_optimizer_speed.py --benchmark-enable -m "slow or not slow"
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import optimus
+from optimus.capture import copy_graph_module
+from optimus.meta import record
+
+TOWERS, WIDTH, BATCH = 32, 8, 4
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList([nn.Linear(WIDTH, WIDTH) for _ in range(TOWERS)])
+        self.norms = nn.ModuleList([nn.LayerNorm(WIDTH) for _ in range(TOWERS)])
+
+
+def build(nodes: int) -> tuple[fx.GraphModule, torch.Tensor]:
+    """A GraphModule with about ``nodes`` nodes (built directly, with shapes recorded)."""
+    per_block = TOWERS * 8 + 1
+    blocks = max(1, round(nodes / per_block))
+    root = nn.Module()
+    root.blocks = nn.ModuleList([Block() for _ in range(blocks)])
+    g = fx.Graph()
+    h = g.placeholder("x")
+    for b in range(blocks):
+        outs = []
+        for t in range(TOWERS):
+            part = g.call_function(torch.narrow, (h, 1, t * WIDTH, WIDTH))
+            w = g.get_attr(f"blocks.{b}.lins.{t}.weight")
+            bias = g.get_attr(f"blocks.{b}.lins.{t}.bias")
+            y = g.call_function(F.linear, (part, w, bias))
+            lw = g.get_attr(f"blocks.{b}.norms.{t}.weight")
+            lb = g.get_attr(f"blocks.{b}.norms.{t}.bias")
+            y = g.call_function(F.layer_norm, (y, (WIDTH,), lw, lb, 1e-5))
+            outs.append(g.call_function(torch.tanh, (y,)))
+        h = g.call_function(torch.cat, (outs, 1))
+    g.output(h)
+    gm = fx.GraphModule(root, g)
+    x = torch.randn(BATCH, TOWERS * WIDTH)
+    record(gm, (x,))
+    return gm, x
+
+
+SIZES = [
+    pytest.param(1000, id="1k"),
+    pytest.param(5000, id="5k"),
+    pytest.param(10000, id="10k", marks=pytest.mark.slow),
+    pytest.param(20000, id="20k", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("nodes", SIZES)
+def test_optimizer_speed(benchmark, nodes: int) -> None:  # type: ignore[no-untyped-def]
+    gm, x = build(nodes)
+    config = optimus.OptimusConfig()
+    copies: list[fx.GraphModule] = []
+
+    def setup() -> tuple[tuple[fx.GraphModule, optimus.OptimusConfig], dict]:
+        copies.append(copy_graph_module(gm))
+        return (copies[-1], config), {}
+
+    report = benchmark.pedantic(optimus.optimize_graph_module, setup=setup, rounds=3, iterations=1)
+    n = len(gm.graph.nodes)
+    benchmark.extra_info.update(
+        nodes=n,
+        nodes_after=report.nodes_after,
+        rules_fired=report.rules_fired,
+        stop_reason=report.stop_reason,
+    )
+    assert report.stop_reason == "saturated"
+    assert report.rules_fired.get("batch_linear", 0) >= n // (TOWERS * 8 + 1) // 2
+    torch.testing.assert_close(copies[-1](x), gm(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_time_per_node_grows_less_than_2x_from_1k_to_20k() -> None:
+    """Median of 3 runs each, side by side in one process."""
+    per_node = {}
+    for nodes in (1000, 20000):
+        gm, _ = build(nodes)
+        times = []
+        for _ in range(3):
+            copy = copy_graph_module(gm)
+            start = time.perf_counter()
+            optimus.optimize_graph_module(copy, optimus.OptimusConfig())
+            times.append(time.perf_counter() - start)
+        per_node[nodes] = sorted(times)[1] / len(gm.graph.nodes)
+    ratio = per_node[20000] / per_node[1000]
+    print(
+        f"time per node: 1k {per_node[1000] * 1e6:.1f} us, 20k {per_node[20000] * 1e6:.1f} us, ratio {ratio:.2f}"
+    )
+    assert ratio < 2.0

@@ -1,0 +1,48 @@
+"""torch.compile integration: the "optimus" backend and the Inductor pre-grad pass (compiles C++
+on CPU: few, tiny, marked ``compile``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from optimus_helpers import LAUNCH_BOUND, assert_parity
+from optimus_models import Towers
+
+import optimus
+from optimus.backend import LAST_REPORTS, OptimusPreGradPass
+
+pytestmark = pytest.mark.compile
+
+
+def test_backend_matches_eager_on_32_towers() -> None:
+    """Acceptance: torch.compile(m, backend="optimus") on the 32-tower model matches eager, and
+    Optimus fused the 32 linears inside it."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mod = Towers(32, 16, 16).eval()
+    x = torch.randn(8, 32 * 16)
+    LAST_REPORTS.clear()
+    compiled = torch.compile(mod, backend="optimus")
+    with torch.no_grad():
+        got = compiled(x)
+        want = mod(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert LAST_REPORTS and LAST_REPORTS[-1].rules_fired.get("batch_linear") == 1
+    assert LAST_REPORTS[-1].capture == "backend"
+
+
+def test_pre_grad_pass_trains_and_has_a_stable_uuid() -> None:
+    base = OptimusPreGradPass()
+    assert base.uuid() == OptimusPreGradPass().uuid() == optimus.pre_grad_pass.uuid()
+    tuned = OptimusPreGradPass(optimus.OptimusConfig(cost_model=LAUNCH_BOUND))
+    assert tuned.uuid() != base.uuid()  # other options -> other cache key
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mod = Towers(6, 4, 4)
+    x = torch.randn(3, 24)
+    LAST_REPORTS.clear()
+    with torch._inductor.config.patch(pre_grad_custom_pass=tuned):
+        compiled = torch.compile(mod)
+        assert_parity(mod, compiled, [x], rtol=1e-4, atol=1e-5)
+    reports = [r for r in LAST_REPORTS if r.capture == "pre_grad"]
+    assert reports and reports[-1].rules_fired.get("batch_linear") == 1
