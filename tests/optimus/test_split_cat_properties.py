@@ -1,7 +1,8 @@
 """Property: random split/chunk/cat/stack/unbind programs (with pointwise readers and in-place
 writes) keep their outputs and gradients through the split/cat rules.
 
-Examples: 200 by default; ``OPTIMUS_SPLITCAT_EXAMPLES=3000`` for a thorough run.
+Examples: 200 in CI; 3000 with ``--hypothesis-profile=thorough`` (see conftest.py) or any number
+with ``OPTIMUS_SPLITCAT_EXAMPLES=N``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from split_cat_dags import Plan, Program, plans
 from split_cat_helpers import FAMILY, run
 
-EXAMPLES = int(os.environ.get("OPTIMUS_SPLITCAT_EXAMPLES", "200"))
+_DEFAULT = "3000" if settings.get_current_profile_name() == "thorough" else "200"
+EXAMPLES = int(os.environ.get("OPTIMUS_SPLITCAT_EXAMPLES", _DEFAULT))
 
 
 def _inputs(plan: Plan) -> list[torch.Tensor]:
