@@ -297,6 +297,82 @@ def tuple_dies_with(node: fx.Node, readers: Sequence[fx.Node]) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A value that is ``source[..., start:start+length, ...]`` along ``dim``: a getitem of a split,
+    ``torch.narrow`` / ``Tensor.narrow``, or a basic slice ``x[:, a:b]`` (step 1). ``holders`` are
+    the view nodes that exist only to produce it (the split, or the narrow/slice node itself)."""
+
+    node: fx.Node
+    source: fx.Node
+    dim: int
+    start: int
+    length: int
+    holder: fx.Node  # the split (tuple) or the narrow/slice node
+
+
+def piece_of(node: Any, ctx: RewriteContext) -> Piece | None:
+    if not isinstance(node, fx.Node) or node.op not in CALLS:
+        return None
+    item = item_of(node)
+    if item is not None:
+        split = split_view(item[0], ctx)
+        if split is not None and item[1] < len(split.sizes):
+            i = item[1]
+            return Piece(node, split.input, split.dim, split.offsets[i], split.sizes[i], item[0])
+        if split is not None or not isinstance(node.args[1], (slice, tuple)):
+            return None
+    return _narrow_piece(node, ctx) or _slice_piece(node, ctx)
+
+
+def _narrow_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
+    is_narrow = (node.op == "call_function" and node.target is torch.narrow) or (
+        node.op == "call_method" and node.target == "narrow"
+    )
+    if not is_narrow:
+        return None
+    bound = _bind(node, ("input", "dim", "start", "length"), {})
+    if bound is None or not isinstance(bound["input"], fx.Node):
+        return None
+    meta = ctx.meta(bound["input"])
+    d = norm_dim(bound["dim"], None if meta is None else len(meta.shape))
+    start, length = bound["start"], bound["length"]
+    if meta is None or d is None or not all(type(v) is int for v in (start, length)):
+        return None
+    if start < 0:
+        start += meta.shape[d]
+    if not (0 <= start and 0 <= length and start + length <= meta.shape[d]):
+        return None
+    return Piece(node, bound["input"], d, start, length, node)
+
+
+def _slice_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
+    """``x[a:b]`` or ``x[:, a:b]``: exactly one restricting slice with step 1, others ``:``."""
+    if not _is_getitem(node) or len(node.args) != 2 or not isinstance(node.args[0], fx.Node):
+        return None
+    source, index = node.args[0], node.args[1]
+    assert isinstance(source, fx.Node)
+    meta = ctx.meta(source)
+    slices = index if isinstance(index, tuple) else (index,)
+    if meta is None or not slices or len(slices) > len(meta.shape):
+        return None
+    found: tuple[int, int, int] | None = None
+    for d, sl in enumerate(slices):
+        if not isinstance(sl, slice) or not all(v is None or type(v) is int for v in (sl.start, sl.stop)):
+            return None
+        if sl.step not in (None, 1):
+            return None
+        start, stop, _ = sl.indices(meta.shape[d])
+        if (start, stop) == (0, meta.shape[d]):
+            continue
+        if found is not None:
+            return None
+        found = (d, start, max(stop - start, 0))
+    if found is None:
+        return None
+    return Piece(node, source, found[0], found[1], found[2], node)
+
+
 def all_movable(nodes: Sequence[Any], ctx: RewriteContext) -> bool:
     """No node is ordered (effectful, or in the alias class of a mutated value)."""
     return all(not isinstance(n, fx.Node) or ctx.movable(n) for n in nodes)

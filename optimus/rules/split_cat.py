@@ -1,5 +1,7 @@
 """split_cat: cat(split(x, s, d)[i..j], d) -> x (all pieces) or x.narrow(d, off_i, len) (a run); a run
 of pieces inside a longer cat -> one narrow view in its place, when the cost model says it pays.
+Pieces may also be narrows or basic slices (``x[:, a:b]``, as Dynamo records them): adjacent
+ranges of one source along the cat's dim form a run just like consecutive split outputs.
 
 WHY: models split a tensor, work on some pieces and glue the untouched ones back; after other
 rewrites the glue often reads the split directly. The cat copies what the input already holds:
@@ -27,43 +29,57 @@ from ._split_cat_util import (
     Found,
     ListView,
     NodeSetRule,
-    SplitView,
     all_movable,
     cat_view,
     copy_cost,
     is_graph_output_alias,
-    item_of,
+    only_used_by,
+    piece_of,
     split_view,
     tuple_dies_with,
     views,
 )
 from .base import Cost
 
-Run = tuple[SplitView, int, int]  # (split, first piece, last piece)
+Run = tuple[int, int, fx.Node, int, int, int]  # (first input, end, source, dim, start, length)
 
 
-def _runs(cat: ListView, ctx: RewriteContext) -> list[tuple[int, int, Run | None]]:
-    """Cover the cat's inputs [start, end) with maximal runs of consecutive pieces of one split
-    along the cat's dim (None: a single input that is not part of a run)."""
-    out: list[tuple[int, int, Run | None]] = []
+def _runs(cat: ListView, ctx: RewriteContext) -> list[Run]:
+    """Maximal runs (two or more cat inputs) of adjacent pieces of one source along the cat's
+    dim, in order: pieces are split getitems, narrows or basic slices (see ``piece_of``)."""
+    pieces = [piece_of(t, ctx) for t in cat.tensors]
+    out: list[Run] = []
     k = 0
-    tensors = cat.tensors
-    while k < len(tensors):
-        item = item_of(tensors[k])
-        split = split_view(item[0], ctx) if item is not None else None
-        if item is None or split is None or split.dim != cat.dim:
-            out.append((k, k + 1, None))
+    while k < len(pieces):
+        first = pieces[k]
+        if first is None or first.dim != cat.dim:
             k += 1
             continue
-        end = k + 1
-        while end < len(tensors):
-            nxt = item_of(tensors[end])
-            if nxt is None or nxt[0] is not item[0] or nxt[1] != item[1] + (end - k):
+        end, stop = k + 1, first.start + first.length
+        while end < len(pieces):
+            nxt = pieces[end]
+            if nxt is None or nxt.source is not first.source or nxt.dim != first.dim or nxt.start != stop:
                 break
+            stop += nxt.length
             end += 1
-        out.append((k, end, (split, item[1], item[1] + (end - k) - 1)))
+        if end - k >= 2:
+            out.append((k, end, first.source, first.dim, first.start, stop - first.start))
         k = end
     return out
+
+
+def _dying_views(cat: ListView, runs: list[Run], ctx: RewriteContext) -> int:
+    """How many view nodes (splits, narrows, slices) die when the runs stop reading them."""
+    holders = {}
+    for start, end, *_ in runs:
+        for t in cat.tensors[start:end]:
+            piece = piece_of(t, ctx)
+            assert piece is not None
+            holders[piece.holder] = piece.holder is piece.node
+    node = cat.node
+    return sum(
+        1 for h, own in holders.items() if (only_used_by(h, [node]) if own else tuple_dies_with(h, [node]))
+    )
 
 
 class SplitCat(NodeSetRule):
@@ -83,37 +99,30 @@ class SplitCat(NodeSetRule):
             if tuple_dies_with(cat.whole, [node]):
                 before = before + VIEW
             return Found((node,), before, Cost(), ("input", split.input))
-        runs = [r for r in _runs(cat, ctx) if r[2] is not None and r[1] - r[0] >= 2]
-        if not runs or not all_movable(cat.tensors, ctx):
+        runs = _runs(cat, ctx)
+        if not runs:
             return None
-        if not all_movable([r[2][0].node for r in runs if r[2] is not None], ctx):
+        holders = [p.holder for t in cat.tensors if (p := piece_of(t, ctx)) is not None]
+        if not all_movable([*cat.tensors, *holders, *(r[2] for r in runs)], ctx):
             return None
+        before = copy_cost(node, ctx) + views(_dying_views(cat, runs, ctx))
         if len(runs) == 1 and runs[0][:2] == (0, len(cat.tensors)):  # the whole cat is one run
-            start, end, run = runs[0]
-            assert run is not None
-            split, first, last = run
-            full = first == 0 and last == len(split.sizes) - 1
-            if full and is_graph_output_alias(node, split.input):
-                return None
-            before = copy_cost(node, ctx)
-            if tuple_dies_with(split.node, [node]):
-                before = before + VIEW
+            _, _, source, dim, start, length = runs[0]
+            meta = ctx.meta(source)
+            full = meta is not None and start == 0 and length == meta.shape[dim]
             if full:
-                return Found((node,), before, Cost(), ("input", split.input))
-            return Found((node,), before, VIEW, ("narrow", _narrow_args(run)))
+                if is_graph_output_alias(node, source):
+                    return None
+                return Found((node,), before, Cost(), ("input", source))
+            return Found((node,), before, VIEW, ("narrow", (source, dim, start, length)))
         # runs inside a longer cat: each becomes one narrow view
         new_inputs: list[Any] = []
         pos = 0
-        for start, end, run in runs:
-            new_inputs.extend(cat.tensors[pos:start])
-            new_inputs.append(_narrow_args(run))  # type: ignore[arg-type]
-            pos = end
+        for start_k, end_k, source, dim, start, length in runs:
+            new_inputs.extend(cat.tensors[pos:start_k])
+            new_inputs.append((source, dim, start, length))
+            pos = end_k
         new_inputs.extend(cat.tensors[pos:])
-        before = copy_cost(node, ctx)
-        splits = {r[2][0].node for r in runs if r[2] is not None}
-        for s in splits:
-            if tuple_dies_with(s, [node]):
-                before = before + VIEW
         after = copy_cost(node, ctx, len(new_inputs)) + views(len(runs))
         return Found((node,), before, after, ("cat", new_inputs, cat.dim))
 
@@ -125,8 +134,3 @@ class SplitCat(NodeSetRule):
         _, inputs, dim = data
         made = [v if isinstance(v, fx.Node) else b.call(torch.narrow, *v) for v in inputs]
         return [b.call(torch.cat, made, dim=dim)]
-
-
-def _narrow_args(run: Run) -> tuple[fx.Node, int, int, int]:
-    split, first, last = run
-    return split.input, split.dim, split.offsets[first], sum(split.sizes[first : last + 1])

@@ -180,3 +180,36 @@ def test_short_run_inside_a_longer_cat_does_not_pay() -> None:
     gm = run(f, [torch.randn(3, 8)], RULES)
     assert fired(gm, "split_cat") == 0
     assert gm.optimus_report.declined.get("split_cat") == 1
+
+
+@pytest.mark.parametrize(
+    ("pieces", "dim", "full"),
+    [
+        (lambda y: [y[:, :4], y[:, 4:]], 1, True),  # basic slices
+        (lambda y: [y[:, 0:3], y.narrow(1, 3, 2), torch.narrow(y, -1, 5, 3)], -1, True),  # mixed forms
+        (lambda y: [y[:, 2:4], y[:, 4:-1]], 1, False),  # negative bound, partial -> a view
+        (lambda y: [y[1:2], y[2:]], 0, False),  # dim 0 slices
+    ],
+)
+def test_slices_and_narrows_of_one_source_are_pieces(pieces, dim, full) -> None:  # type: ignore[no-untyped-def]
+    def f(self, x):  # type: ignore[no-untyped-def]
+        return torch.cat(pieces(x * 2.0), dim) + 1.0
+
+    gm = run(f, [torch.randn(3, 8)], RULES)
+    assert fired(gm, "split_cat") == 1
+    assert ops(gm, "cat") == 0
+    assert ops(gm, "narrow") == (0 if full else 1)
+
+
+def test_slices_that_overlap_or_skip_do_not_fire() -> None:
+    def f(self, x):  # type: ignore[no-untyped-def]
+        y = x * 2.0
+        return (
+            torch.cat([y[:, :4], y[:, 3:]], 1),
+            torch.cat([y[:, :2], y[:, 3:]], 1),
+            torch.cat([y[:, 0:8:2], y[:, 1:8:2]], 1),
+        )
+
+    gm = run(f, [torch.randn(3, 8)], RULES)
+    assert fired(gm, "split_cat") == 0
+    assert ops(gm, "cat") == 3

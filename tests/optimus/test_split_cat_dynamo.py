@@ -79,12 +79,23 @@ class MixedTowers(nn.Module):
         return torch.cat(done, dim=1), rest * 2.0, parts[-1].sum()
 
 
+class SliceGlue(nn.Module):
+    """Slices as Dynamo records them (getitem with a tuple of slices), glued back in order."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x.relu()
+        whole = torch.cat([y[:, :3], y[:, 3:5], y[:, 5:]], dim=-1)
+        part = torch.cat((y[:, 1:3], y[:, 3:6]), 1)
+        return whole * 2.0, part
+
+
 CASES: list[tuple[Any, list[torch.Tensor], dict[str, int]]] = [
     (LoopRoundTrip(), [torch.randn(3, 8)], {"split_cat": 2}),
     (NestedLists(), [torch.randn(2, 12)], {"flatten_cats": 1, "split_cat": 1}),
     (CatThenSplit(), [torch.randn(5, 8)], {"cat_split": 1}),
     (RowsStack(), [torch.randn(2, 3), torch.randn(2, 3)], {"stack_unbind": 2}),
     (MixedTowers(), [torch.randn(2, 24)], {"split_cat": 1}),
+    (SliceGlue(), [torch.randn(4, 8)], {"split_cat": 2}),
 ]
 
 
