@@ -341,7 +341,7 @@ def _narrow_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
         return None
     if start < 0:
         start += meta.shape[d]
-    if not (0 <= start and 0 <= length and start + length <= meta.shape[d]):
+    if not (start >= 0 and length >= 0 and start + length <= meta.shape[d]):
         return None
     return Piece(node, bound["input"], d, start, length, node)
 
@@ -392,6 +392,11 @@ def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
 VIEW_LAUNCHES = 0.2
 CAT_INPUT_LAUNCHES = 0.04
 VIEW = Cost(launches=VIEW_LAUNCHES)
+
+
+def scaled(cost: Cost, factor: float) -> Cost:
+    """A share of a cost (a rewrite that is one of several which together remove a node)."""
+    return Cost(cost.launches * factor, cost.bytes * factor, cost.flops * factor)
 
 
 def views(n: int) -> Cost:

@@ -1,6 +1,7 @@
 """cat_split: split(cat(x_0..x_k, d), s, d)[i] -> x_j (a piece that is exactly one cat input) or
 split(x_j, s_j, d)[k] (pieces inside one cat input), when the split is along the cat's dim and no
-piece straddles two cat inputs.
+piece straddles two cat inputs; likewise a narrow or basic slice of a cat along its dim -> x_j or
+a narrow of x_j.
 
 WHY: a cat feeding a split along the same dim is a round trip: a fused op concatenates inputs
 that the next op immediately splits apart again. Every piece is (a view of) one cat input, so the
@@ -24,22 +25,30 @@ from ..context import RewriteContext
 from ._split_cat_util import (
     VIEW,
     Found,
+    ListView,
     NodeSetRule,
+    Piece,
     all_movable,
     cat_view,
     copy_cost,
     is_graph_output_alias,
     only_used_by,
+    piece_of,
     pieces_of,
+    scaled,
     split_view,
     views,
 )
+from .base import Cost
 
 
 class CatSplit(NodeSetRule):
     name = "cat_split"
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        piece = piece_of(node, ctx)
+        if piece is not None and piece.holder is node:
+            return self._slice_of_cat(piece, ctx)
         split = split_view(node, ctx)
         if split is None:
             return None
@@ -49,21 +58,13 @@ class CatSplit(NodeSetRule):
         pieces = pieces_of(node)
         if pieces.others or not pieces.items:
             return None
-        widths = []
-        for t in cat.tensors:
-            meta = ctx.meta(t)
-            assert meta is not None  # cat_view checked
-            widths.append(meta.shape[cat.dim])
-        starts = [0]
-        for w in widths:
-            starts.append(starts[-1] + w)
+        widths, starts = _extents(cat, ctx)
         # piece -> (cat input j, its index among the pieces inside j); sizes of the pieces per input
         where: dict[int, tuple[int, int]] = {}
         inside: dict[int, list[int]] = {}
         for i, (off, size) in enumerate(zip(split.offsets, split.sizes, strict=True)):
-            # the last cat input starting at or before the piece (past empty inputs)
-            j = min(bisect.bisect_right(starts, off) - 1, len(widths) - 1)
-            if off + size > starts[j] + widths[j]:
+            j = _inside(starts, widths, off, size)
+            if j is None:
                 return None  # the piece straddles two cat inputs
             where[i] = (j, len(inside.setdefault(j, [])))
             inside[j].append(size)
@@ -81,11 +82,41 @@ class CatSplit(NodeSetRule):
         if only_used_by(split.input, [node]):
             before, consumed = before + copy_cost(split.input, ctx), (split.input,)
         index = {g: i for i, gs in pieces.items.items() for g in gs}
-        data = (cat.tensors, cat.dim, where, inside, index)
+        data = ("split", cat.tensors, cat.dim, where, inside, index)
         return Found(members, before, views(resplits), data, consumed=consumed)
 
+    def _slice_of_cat(self, piece: Piece, ctx: RewriteContext) -> Found | None:
+        """narrow(cat(xs, d), d, off, len) or cat(xs, d)[:, off:off+len] inside one x_j ->
+        x_j or x_j.narrow(d, off - start_j, len). Each such view is rewritten on its own; it is
+        credited an equal share of the cat copy when every reader of the cat can be rewritten."""
+        cat = cat_view(piece.source, ctx)
+        if cat is None or cat.whole is not None or cat.dim != piece.dim:
+            return None
+        widths, starts = _extents(cat, ctx)
+        j = _inside(starts, widths, piece.start, piece.length)
+        if j is None or not all_movable([piece.source, cat.tensors[j]], ctx):
+            return None
+        exact = piece.start == starts[j] and piece.length == widths[j]
+        if exact and is_graph_output_alias(piece.node, cat.tensors[j]):
+            return None
+        before = VIEW
+        readers = [piece_of(u, ctx) for u in piece.source.users]
+        if all(
+            r is not None
+            and r.holder is r.node
+            and r.dim == cat.dim
+            and _inside(starts, widths, r.start, r.length) is not None
+            for r in readers
+        ):
+            before = before + scaled(copy_cost(piece.source, ctx), 1.0 / len(readers))
+        data = ("slice", cat.tensors[j], cat.dim, piece.start - starts[j], piece.length, exact)
+        return Found((piece.node,), before, Cost() if exact else VIEW, data)
+
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
-        tensors, dim, where, inside, index = data
+        if data[0] == "slice":
+            _, source, dim, start, length, exact = data
+            return [source if exact else b.call(torch.narrow, source, dim, start, length)]
+        _, tensors, dim, where, inside, index = data
         resplit: dict[int, fx.Node] = {}
         out = []
         for g in members:
@@ -97,3 +128,23 @@ class CatSplit(NodeSetRule):
                 resplit[j] = b.call(torch.split, tensors[j], list(inside[j]), dim=dim)
             out.append(b.getitem(resplit[j], k))
         return out
+
+
+def _extents(cat: ListView, ctx: RewriteContext) -> tuple[list[int], list[int]]:
+    """Each cat input's extent along the cat dim, and where each starts (plus the total)."""
+    widths = []
+    for t in cat.tensors:
+        meta = ctx.meta(t)
+        assert meta is not None  # cat_view checked
+        widths.append(meta.shape[cat.dim])
+    starts = [0]
+    for w in widths:
+        starts.append(starts[-1] + w)
+    return widths, starts
+
+
+def _inside(starts: list[int], widths: list[int], off: int, size: int) -> int | None:
+    """The cat input holding [off, off + size), or None if the range straddles two inputs."""
+    # the last cat input starting at or before the range (past empty inputs)
+    j = min(bisect.bisect_right(starts, off) - 1, len(widths) - 1)
+    return j if off + size <= starts[j] + widths[j] else None

@@ -102,7 +102,13 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
         elif kind == "cat":
             d, pieces = last_split
             pieces = [p for p in pieces if vals[p].alive]
-            if len(pieces) >= 2 and draw(st.integers(0, 3)) > 0:
+            unbound = [p for p in last_unbind[1] if vals[p].alive]
+            if len(unbound) >= 2 and draw(st.integers(0, 3)) == 0:  # a run of unbind pieces
+                length = draw(st.integers(2, len(unbound)))
+                lo = draw(st.integers(0, len(unbound) - length))
+                chosen = unbound[lo : lo + length]
+                d = draw(st.integers(0, len(vals[chosen[0]].shape) - 1))
+            elif len(pieces) >= 2 and draw(st.integers(0, 3)) > 0:
                 length = draw(st.integers(2, len(pieces)))
                 lo = draw(st.integers(0, len(pieces) - length))
                 chosen = pieces[lo : lo + length]
@@ -122,12 +128,22 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
             vals.append(_Val(out, fresh=True))
         elif kind == "stack":
             pieces = [p for p in last_unbind[1] if vals[p].alive]
+            # the leading run of equal-size split pieces, in order (what horizontal fusion stacks)
+            same_size = []
+            for p in last_split[1]:
+                if not vals[p].alive or (same_size and vals[p].shape != vals[same_size[0]].shape):
+                    break
+                same_size.append(p)
             if len(pieces) >= 2 and draw(st.booleans()):  # a run of unbind pieces, same dim
                 d = last_unbind[0]
                 length = draw(st.integers(2, len(pieces)))
                 lo = draw(st.integers(0, len(pieces) - length))
                 chosen = pieces[lo : lo + length]
                 shape = vals[chosen[0]].shape
+            elif len(same_size) >= 2 and draw(st.booleans()):  # equal split pieces (in order)
+                chosen = same_size
+                shape = vals[chosen[0]].shape
+                d = last_split[0] if draw(st.booleans()) else draw(st.integers(0, len(shape)))
             else:
                 shape = vals[draw(st.sampled_from(live()))].shape
                 if len(shape) >= 4:

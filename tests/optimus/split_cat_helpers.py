@@ -21,6 +21,8 @@ FAMILY = [
     "flatten_cats",
     "noop_split_cat",
     "stack_unbind",
+    "unbind_cat",
+    "stack_pieces",
 ]
 
 

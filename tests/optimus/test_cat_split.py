@@ -94,3 +94,27 @@ def test_would_return_a_model_input_itself_does_not_fire() -> None:
         return a, b
 
     _no_fire(f, [torch.randn(2, 4), torch.randn(2, 4)])
+
+
+@pytest.mark.parametrize(
+    "take",
+    [
+        lambda c: (c[:, 0:3], c[:, 3:8]),  # exactly the inputs
+        lambda c: (c.narrow(1, 3, 2), torch.narrow(c, -1, 5, 3), c[:, :3]),  # inside one input
+    ],
+)
+def test_slices_of_a_cat_read_its_inputs(take) -> None:  # type: ignore[no-untyped-def]
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        return tuple(t * 2.0 for t in take(torch.cat([x * 1.0, y * 1.0], 1)))
+
+    gm = run(f, [torch.randn(2, 3), torch.randn(2, 5)], RULES)
+    assert fired(gm, "cat_split") >= 2
+    assert ops(gm, "cat") == 0
+
+
+def test_slice_straddling_two_cat_inputs_does_not_fire() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        return torch.cat([x * 1.0, y * 1.0], 1)[:, 2:5] * 2.0
+
+    gm = run(f, [torch.randn(2, 3), torch.randn(2, 5)], RULES)
+    assert fired(gm, "cat_split") == 0 and ops(gm, "cat") == 1
