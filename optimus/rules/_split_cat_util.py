@@ -9,29 +9,23 @@ reads them through :func:`split_view`, :func:`cat_view`, :func:`stack_view` and
 shapes the capture recorded), so no rule repeats the call-form cases or gets a negative dim
 wrong. They answer None whenever shapes are unknown or symbolic: rules then decline.
 
-It also holds :class:`NodeSetRule`, a rule base for rewrites that replace *several* nodes at
-once (e.g. every ``getitem`` of a split). The engine's horizontal commit path already does what
-such a rewrite needs (one replacement per member, all placed at one label, undone as a unit);
-this base only computes a label that fits every member. It belongs in the engine as a third rule
-kind; it lives here because the split/cat rules must not edit engine files.
+Costs of these ops are in :mod:`._split_cat_cost`; the rule base the family uses (several nodes
+replaced at once) is :mod:`._node_set_rule`.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
 from ..meta import TensorMeta
-from .base import Candidate, Cost
 
 if TYPE_CHECKING:
-    from ..builder import Builder
     from ..context import RewriteContext
 
 CALLS = ("call_function", "call_method")
@@ -44,11 +38,6 @@ _SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
 
 
 # -- small readers ------------------------------------------------------------------------------
-def rank_of(node: Any, ctx: RewriteContext) -> int | None:
-    meta = ctx.meta(node)
-    return None if meta is None else len(meta.shape)
-
-
 def norm_dim(dim: Any, rank: int | None) -> int | None:
     """``dim`` in [0, rank) or None if it is not a plain int in [-rank, rank)."""
     if rank is None or isinstance(dim, bool) or not isinstance(dim, int):
@@ -252,14 +241,6 @@ def item_of(node: Any) -> tuple[fx.Node, int] | None:
     return src, idx
 
 
-def item_node(tuple_node: fx.Node, i: int) -> fx.Node | None:
-    """The first ``getitem(tuple_node, i)`` user, if any."""
-    for u in tuple_node.users:
-        if _is_getitem(u) and len(u.args) == 2 and u.args[1] == i:
-            return u
-    return None
-
-
 @dataclass(frozen=True)
 class Pieces:
     """Users of a tuple-valued node: ``items[i]`` lists the ``getitem(node, i)`` users."""
@@ -382,107 +363,3 @@ def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
     """Would replacing ``old`` by ``new`` return a model input or parameter itself (not a copy)
     as a graph output? We decline that: a caller mutating the output would mutate the input."""
     return new.op in ("placeholder", "get_attr") and any(u.op == "output" for u in old.users)
-
-
-# -- costs ---------------------------------------------------------------------------------------
-# In the cost model's unit (one kernel launch ~ 8 us of CPU dispatch), measured on this project's
-# CPU with torch 2.13 eager (medians of 2000 calls of torch.cat over 2..32 pieces of a 64x64
-# tensor, and of x.narrow): a view op (split, unbind, narrow) costs ~1.6 us -> 0.2 launch; torch.cat costs ~2.7 us for two
-# inputs plus ~0.3 us per further input -> 0.04 launch per input. Getitems on a tuple are free.
-VIEW_LAUNCHES = 0.2
-CAT_INPUT_LAUNCHES = 0.04
-VIEW = Cost(launches=VIEW_LAUNCHES)
-
-
-def scaled(cost: Cost, factor: float) -> Cost:
-    """A share of a cost (a rewrite that is one of several which together remove a node)."""
-    return Cost(cost.launches * factor, cost.bytes * factor, cost.flops * factor)
-
-
-def views(n: int) -> Cost:
-    return Cost(launches=VIEW_LAUNCHES * n)
-
-
-def copy_cost(node: fx.Node, ctx: RewriteContext, inputs: int | None = None) -> Cost:
-    """cat / stack with ``inputs`` inputs (default: as the node has): one launch plus a little per
-    input; reads and writes the output once."""
-    if inputs is None:
-        listed = node.args[0] if node.args else node.kwargs.get("tensors")
-        inputs = len(listed) if isinstance(listed, (list, tuple)) else 1
-    meta = ctx.meta(node)
-    return Cost(launches=1.0 + CAT_INPUT_LAUNCHES * inputs, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
-
-
-# -- multi-node rewrites ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Found:
-    """One rewrite a :class:`NodeSetRule` offers: replace each of ``members`` (by ``build``)."""
-
-    members: tuple[fx.Node, ...]
-    before: Cost
-    after: Cost
-    data: Any = None
-    reads: tuple[fx.Node, ...] = ()  # nodes the rewrite is built from: no other rewrite of this
-    # rule may replace them in the same round (the result would still be right, but built from a
-    # node that is on its way out, e.g. two nested merges at once leave the middle split alive)
-    consumed: tuple[fx.Node, ...] = ()  # nodes that die with the rewrite: listed in the candidate
-    # (replaced by themselves) so that no other rule rewrites them in the same round for nothing,
-    # when one label fits them and the members (else the rewrite goes ahead without them)
-
-
-def fitting_label(members: Sequence[fx.Node], ctx: RewriteContext) -> float | None:
-    """A label strictly between every member's inputs and users (the engine's placement rule),
-    or None when the members' windows do not overlap."""
-    lo = max(ctx.index.input_label(m) for m in members)
-    hi = min(ctx.index.user_label(m) for m in members)
-    if not lo < hi:
-        return None
-    return lo + 0.5 if math.isinf(hi) else (lo + hi) / 2.0
-
-
-class NodeSetRule:
-    """Replace a set of nodes at once (one replacement each). Override ``find`` and ``build``.
-
-    ``find(node, ctx)`` looks at one anchor node and returns a :class:`Found` (or None);
-    ``build(members, data, b)`` returns one replacement per member: an existing node or one built
-    with ``b``. The engine's horizontal path commits it (kind "horizontal"), rewiring each
-    member's users and undoing all of it together on rollback."""
-
-    name: ClassVar[str] = ""
-    kind: ClassVar[str] = "horizontal"
-
-    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        raise NotImplementedError
-
-    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node] | None:
-        raise NotImplementedError
-
-    def match(self, ctx: RewriteContext) -> list[Candidate]:
-        out: list[Candidate] = []
-        claimed: set[fx.Node] = set()
-        for node in ctx.index.nodes:
-            if node.op not in CALLS or not ctx.movable(node):
-                continue
-            found = self.find(node, ctx)
-            if found is None or not found.members or not all_movable(found.members, ctx):
-                continue
-            consumed = tuple(c for c in dict.fromkeys(found.consumed) if c not in found.members)
-            nodes = (*found.members, *consumed)
-            label = fitting_label(nodes, ctx) if all_movable(consumed, ctx) else None
-            if label is None:
-                nodes = found.members
-                label = fitting_label(nodes, ctx)
-            touched = (*nodes, *found.reads)
-            if label is None or any(m in claimed for m in touched):
-                continue  # unplaceable, or one rewrite per node per round
-            claimed.update(touched)
-            data = (len(found.members), found.data)
-            out.append(Candidate(self.name, nodes, found.before, found.after, label, data))
-        return out
-
-    def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
-        count, data = cand.data
-        built = self.build(cand.nodes[:count], data, b)
-        if built is None:
-            return None
-        return [*built, *cand.nodes[count:]]  # consumed nodes: replaced by themselves

@@ -22,22 +22,18 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, scaled, views
 from ._split_cat_util import (
-    VIEW,
-    Found,
     ListView,
-    NodeSetRule,
     Piece,
     all_movable,
     cat_view,
-    copy_cost,
     is_graph_output_alias,
     only_used_by,
     piece_of,
     pieces_of,
-    scaled,
     split_view,
-    views,
 )
 from .base import Cost
 

@@ -16,7 +16,9 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import Found, NodeSetRule, all_movable, cat_view, copy_cost, only_used_by
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import copy_cost
+from ._split_cat_util import all_movable, cat_view, only_used_by
 
 
 class FlattenCats(NodeSetRule):

@@ -20,16 +20,9 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    item_of,
-    only_used_by,
-    pieces_of,
-    split_view,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW
+from ._split_cat_util import all_movable, item_of, only_used_by, pieces_of, split_view
 
 
 class MergeSplits(NodeSetRule):

@@ -17,17 +17,9 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    cat_view,
-    copy_cost,
-    is_graph_output_alias,
-    pieces_of,
-    split_view,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_util import all_movable, cat_view, is_graph_output_alias, pieces_of, split_view
 from .base import Cost
 
 

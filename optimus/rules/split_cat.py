@@ -24,20 +24,17 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_util import (
-    VIEW,
-    Found,
     ListView,
-    NodeSetRule,
     all_movable,
     cat_view,
-    copy_cost,
     is_graph_output_alias,
     only_used_by,
     piece_of,
     split_view,
     tuple_dies_with,
-    views,
 )
 from .base import Cost
 

@@ -19,18 +19,9 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    copy_cost,
-    only_used_by,
-    piece_of,
-    stack_view,
-    tuple_dies_with,
-    views,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_util import all_movable, only_used_by, piece_of, stack_view, tuple_dies_with
 from .base import Cost
 
 

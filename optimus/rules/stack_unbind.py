@@ -18,12 +18,10 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost
 from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
     all_movable,
-    copy_cost,
     is_graph_output_alias,
     item_of,
     only_used_by,

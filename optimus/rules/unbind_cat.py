@@ -19,18 +19,9 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    cat_view,
-    copy_cost,
-    item_of,
-    tuple_dies_with,
-    unbind_view,
-    views,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_util import all_movable, cat_view, item_of, tuple_dies_with, unbind_view
 from .base import Cost
 
 
