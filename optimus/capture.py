@@ -85,7 +85,7 @@ class CompiledWrapper(nn.Module):
         return self.compiled(*args)
 
 
-def wrap_compiled(compiled: nn.Module, n_inputs: int) -> fx.GraphModule:
+def wrap_compiled(compiled: Callable[..., Any], n_inputs: int) -> fx.GraphModule:
     root = nn.Module()
     root.compiled = CompiledWrapper(compiled)
     graph = fx.Graph()

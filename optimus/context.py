@@ -55,6 +55,13 @@ class RewriteContext:
             self._canon[node] = canonicalize(node, self.modules)
         return self._canon[node]
 
+    def must_canon(self, node: Any) -> Canon:
+        """The canonical form of a node a rule's ``key`` accepted (so it has one)."""
+        canon = self.canon(node)
+        if canon is None:
+            raise ValueError(f"{node} has no canonical form")
+        return canon
+
     def meta(self, node: Any) -> TensorMeta | None:
         return tensor_meta(node) if isinstance(node, fx.Node) else None
 

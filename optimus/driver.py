@@ -176,7 +176,9 @@ def _tidy_stacks(ctx: RewriteContext, applied_round: list[Applied]) -> None:
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
             if not isinstance(values, (list, tuple)) or not all(isinstance(v, fx.Node) for v in values):
                 continue
-            whole = probe.unstacked_source(list(values), dim)
+            if not isinstance(dim, int):
+                continue
+            whole = probe.unstacked_source([v for v in values if isinstance(v, fx.Node)], dim)
             if whole is not None and whole is not node:
                 node.replace_all_uses_with(whole)
                 ctx.leftovers.append(node)

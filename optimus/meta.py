@@ -108,8 +108,9 @@ def _fast_shape(node: fx.Node) -> Any:
         return None
     if node.target is torch.stack and node.args and isinstance(node.args[0], (list, tuple)):
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        metas = [value_meta(v) if isinstance(v, fx.Node) else None for v in node.args[0]]
-        if not metas or not all(isinstance(m, TensorMeta) for m in metas) or dim != 0:
+        found = [value_meta(v) if isinstance(v, fx.Node) else None for v in node.args[0]]
+        metas = [m for m in found if isinstance(m, TensorMeta)]
+        if not metas or len(metas) != len(found) or dim != 0:
             return None
         first = metas[0]
         if any(m.shape != first.shape or m.dtype != first.dtype for m in metas):

@@ -42,7 +42,7 @@ class BatchLayerNorm(HorizontalRule):
         return ("layer_norm", x.shape, x.dtype, x.device, tuple(shape), _hashable(canon["eps"]), *params)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x_meta = b.ctx.meta(canons[0]["input"])
         assert x_meta is not None
@@ -65,19 +65,21 @@ class BatchLayerNorm(HorizontalRule):
         return b.unbind(out, g)
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        canons = [ctx.canon(n) for n in nodes]
+        canons = [ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x = ctx.meta(canons[0]["input"])
         assert x is not None
         affine = [canons[0][k] is not None for k in ("weight", "bias")]
         before = Cost(launches=g, bytes=g * 2 * x.nbytes, flops=g * 8.0 * x.numel)
         stack_bytes = ctx.stack_bytes([c["input"] for c in canons])
-        layout_bytes = 0.0
+        layout_bytes = layout_launches = 0.0
         for name, present in zip(("weight", "bias"), affine, strict=True):
             if present:
-                layout_bytes += ctx.layout.bytes_moved([c[name] for c in canons], ctx)
+                params = [c[name] for c in canons]
+                layout_bytes += ctx.layout.bytes_moved(params, ctx)
+                layout_launches += ctx.layout.launches(params) + 0.1  # + reshape view
         after = Cost(
-            launches=1 + (stack_bytes > 0) + (1 if any(affine) else 0) + sum(affine) + 0.5,
+            launches=1 + (stack_bytes > 0) + (1 if any(affine) else 0) + layout_launches + 0.5,
             bytes=g * 2 * x.nbytes * (2 if any(affine) else 1) + stack_bytes + layout_bytes,
             flops=g * 10.0 * x.numel,
         )

@@ -33,7 +33,7 @@ class BatchLinear(HorizontalRule):
         return ("linear", x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x_meta, w_meta = b.ctx.meta(canons[0]["input"]), b.ctx.meta(canons[0]["weight"])
         assert x_meta is not None and w_meta is not None
@@ -52,7 +52,7 @@ class BatchLinear(HorizontalRule):
         return b.unbind(out, g)
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        canons = [ctx.canon(n) for n in nodes]
+        canons = [ctx.must_canon(n) for n in nodes]
         g = len(nodes)
         x, w = ctx.meta(canons[0]["input"]), ctx.meta(canons[0]["weight"])
         assert x is not None and w is not None
@@ -65,11 +65,12 @@ class BatchLinear(HorizontalRule):
         inputs = [c["input"] for c in canons]
         stack_bytes = ctx.stack_bytes(inputs)
         weights = [c["weight"] for c in canons]
-        layout_bytes = 2 * ctx.layout.bytes_moved(weights, ctx)  # stack + contiguous transpose
-        layout_launches = 2 if layout_bytes > 0 else 0
+        layout_bytes = ctx.layout.bytes_moved(weights, ctx)
+        layout_launches = ctx.layout.launches(weights, transpose=True)
         if has_bias:
-            layout_bytes += ctx.layout.bytes_moved([c["bias"] for c in canons], ctx)
-            layout_launches += 1
+            biases = [c["bias"] for c in canons]
+            layout_bytes += ctx.layout.bytes_moved(biases, ctx)
+            layout_launches += ctx.layout.launches(biases) + 0.1  # + unsqueeze view
         after = Cost(
             launches=1 + (stack_bytes > 0) + layout_launches + 0.5,
             bytes=g * one + stack_bytes + layout_bytes,

@@ -39,14 +39,14 @@ class BatchUnary(HorizontalRule):
         return ("unary", canon.op, canon.settings("input"), x.shape, x.dtype, x.device)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         op = canons[0].op
         settings = {k: v for k, v in canons[0].kwargs.items() if k != "input"}
         x = b.stack([c["input"] for c in canons])
         return b.unbind(b.call(EMIT[op], x, **settings), len(nodes))
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        inputs = [ctx.canon(n)["input"] for n in nodes]  # type: ignore[index]
+        inputs = [ctx.must_canon(n)["input"] for n in nodes]
         nbytes = float(sum(m.nbytes for m in (ctx.meta(v) for v in inputs) if m is not None))
         stack_bytes = ctx.stack_bytes(inputs)
         before = Cost(launches=len(nodes), bytes=2 * nbytes, flops=nbytes / 4)

@@ -32,7 +32,7 @@ class MergeSharedLinear(HorizontalRule):
         return ("shared_linear", canon["input"], w.shape[1], w.dtype, w.device, bias is not None)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
-        canons = [b.ctx.canon(n) for n in nodes]
+        canons = [b.ctx.must_canon(n) for n in nodes]
         widths = []
         for c in canons:
             meta = b.ctx.meta(c["weight"])
@@ -47,7 +47,7 @@ class MergeSharedLinear(HorizontalRule):
         return [b.getitem(pieces, i) for i in range(len(nodes))]
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
-        canons = [ctx.canon(n) for n in nodes]
+        canons = [ctx.must_canon(n) for n in nodes]
         x = ctx.meta(canons[0]["input"])
         assert x is not None
         rows = x.numel // max(x.shape[-1], 1) if x.shape else 1
