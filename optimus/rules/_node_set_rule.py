@@ -10,6 +10,7 @@ third rule kind ("node set"); it lives here because the split/cat rules must not
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .base import Candidate, Cost
 if TYPE_CHECKING:
     from ..builder import Builder
     from ..context import RewriteContext
+
+log = logging.getLogger("optimus")
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,13 @@ class NodeSetRule:
         for node in ctx.index.nodes:
             if node.op not in CALLS or not ctx.movable(node):
                 continue
-            found = self.find(node, ctx)
+            try:
+                found = self.find(node, ctx)
+            except Exception as exc:  # a node form we did not foresee: skip it, keep optimizing
+                log.debug(
+                    "optimus: %s skipped %s (%s: %s)", self.name, node.format_node(), type(exc).__name__, exc
+                )
+                continue
             if found is None or not found.members or not all_movable(found.members, ctx):
                 continue
             consumed = tuple(c for c in dict.fromkeys(found.consumed) if c not in found.members)

@@ -24,6 +24,7 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, scaled, views
+from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     ListView,
     Piece,
@@ -67,9 +68,14 @@ class CatSplit(NodeSetRule):
         members = tuple(g for i in sorted(pieces.items) for g in pieces.items[i])
         if not all_movable([split.input, *cat.tensors, *members], ctx):
             return None
+        if not same_dtypes(cat.tensors, split.input, ctx):
+            return None  # the cat promoted a dtype: its pieces are not its inputs
         for i, gs in pieces.items.items():
             j = where[i][0]
-            if len(inside[j]) == 1 and any(is_graph_output_alias(g, cat.tensors[j]) for g in gs):
+            exact = len(inside[j]) == 1
+            if exact and any(is_graph_output_alias(g, cat.tensors[j]) for g in gs):
+                return None
+            if any(not layout_safe(g, cat.tensors[j] if exact else None, ctx) for g in gs):
                 return None
         used = {where[i][0] for i in pieces.items}
         resplits = sum(1 for j in used if len(inside[j]) > 1)
@@ -92,8 +98,12 @@ class CatSplit(NodeSetRule):
         j = _inside(starts, widths, piece.start, piece.length)
         if j is None or not all_movable([piece.source, cat.tensors[j]], ctx):
             return None
+        if not same_dtypes(cat.tensors, piece.source, ctx):
+            return None
         exact = piece.start == starts[j] and piece.length == widths[j]
         if exact and is_graph_output_alias(piece.node, cat.tensors[j]):
+            return None
+        if not layout_safe(piece.node, cat.tensors[j] if exact else None, ctx):
             return None
         before = VIEW
         readers = [piece_of(u, ctx) for u in piece.source.users]

@@ -19,6 +19,7 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_layout import layout_safe
 from ._split_cat_util import all_movable, cat_view, is_graph_output_alias, pieces_of, split_view
 from .base import Cost
 
@@ -32,7 +33,11 @@ class NoopSplitCat(NodeSetRule):
             if cat.whole is not None or len(cat.tensors) != 1:
                 return None
             (only,) = cat.tensors
-            if is_graph_output_alias(node, only) or not all_movable([only], ctx):
+            if (
+                is_graph_output_alias(node, only)
+                or not all_movable([only], ctx)
+                or not layout_safe(node, only, ctx)
+            ):
                 return None
             return Found((node,), copy_cost(node, ctx), Cost(), only)
         split = split_view(node, ctx)

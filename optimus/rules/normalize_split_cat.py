@@ -17,6 +17,7 @@ mutated alias classes) are left alone. A tensor_split whose pieces do not tile t
 
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any
 
@@ -26,6 +27,8 @@ from torch import fx
 from ..context import RewriteContext
 from ._split_cat_util import cat_view, split_view, stack_view, unbind_view
 from .base import CleanupRule
+
+log = logging.getLogger("optimus")
 
 
 def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
@@ -98,7 +101,11 @@ class NormalizeSplitCat(CleanupRule):
             if folded is not None:
                 plan.append((node, (operator.getitem, folded, {})))
                 continue
-            call = _canonical(node, ctx)
+            try:
+                call = _canonical(node, ctx)
+            except Exception as exc:  # a node form we did not foresee: leave it as it is
+                log.debug("optimus: normalize_split_cat skipped %s (%s)", node.format_node(), exc)
+                continue
             if call is not None and not _same(node, *call):
                 plan.append((node, call))
         replaced: dict[fx.Node, fx.Node] = {}

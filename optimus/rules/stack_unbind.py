@@ -20,6 +20,7 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     all_movable,
     is_graph_output_alias,
@@ -55,6 +56,10 @@ class StackUnbind(NodeSetRule):
         index = {g: i for i, gs in pieces.items.items() for g in gs}
         if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
             return None
+        if not same_dtypes(stack.tensors, unbind.input, ctx):
+            return None  # the stack promoted a dtype: its pieces are not its inputs
+        if any(not layout_safe(g, stack.tensors[index[g]], ctx) for g in members):
+            return None
         consumed: tuple[fx.Node, ...] = ()
         before = VIEW
         if only_used_by(unbind.input, [node]):
@@ -82,6 +87,8 @@ class StackUnbind(NodeSetRule):
             return None
         full = len(indices) == unbind.count
         if full and is_graph_output_alias(node, unbind.input):
+            return None
+        if not layout_safe(node, unbind.input if full else None, ctx):
             return None
         if not full and len(indices) < 2:
             return None  # stack of one slice: a copy vs an unsqueeze view, not worth a rule

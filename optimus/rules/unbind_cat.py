@@ -21,6 +21,7 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_layout import layout_safe
 from ._split_cat_util import all_movable, cat_view, item_of, tuple_dies_with, unbind_view
 from .base import Cost
 
@@ -48,7 +49,7 @@ class UnbindCat(NodeSetRule):
             or indices[-1] >= unbind.count
         ):
             return None
-        if not all_movable([source, unbind.input, *cat.tensors], ctx):
+        if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
             return None
         u, c = unbind.dim, cat.dim
         partial = len(indices) != unbind.count

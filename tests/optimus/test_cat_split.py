@@ -118,3 +118,12 @@ def test_slice_straddling_two_cat_inputs_does_not_fire() -> None:
 
     gm = run(f, [torch.randn(2, 3), torch.randn(2, 5)], RULES)
     assert fired(gm, "cat_split") == 0 and ops(gm, "cat") == 1
+
+
+def test_mixed_dtype_cat_promotes_so_pieces_are_not_its_inputs() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        a, b = torch.split(torch.cat([x * 1.0, y.double()], 1), [3, 5], 1)
+        return a, b, torch.cat([x * 1.0, y.double()], 1)[:, :3]
+
+    gm = run(f, [torch.randn(2, 3), torch.randn(2, 5)], RULES)
+    assert fired(gm, "cat_split") == 0

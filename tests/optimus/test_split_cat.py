@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optimus_helpers import LAUNCH_BOUND, assert_parity
 from split_cat_helpers import fired, ops, run
 from torch import fx
 
@@ -213,3 +214,28 @@ def test_slices_that_overlap_or_skip_do_not_fire() -> None:
     gm = run(f, [torch.randn(3, 8)], RULES)
     assert fired(gm, "split_cat") == 0
     assert ops(gm, "cat") == 3
+
+
+def test_strided_input_feeding_a_view_does_not_fire() -> None:
+    """cat returns a contiguous copy; x.t() is strided and ``.view`` on it would raise."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        y = (x * 2.0).t()
+        return torch.cat(torch.split(y, 2, 1), 1).view(-1), torch.cat([y[:, 0:2], y[:, 2:4]], 1).view(-1)
+
+    gm = run(f, [torch.randn(6, 3)], RULES)
+    assert fired(gm, "split_cat") == 0
+
+
+def test_exported_graph_with_known_contiguous_input_fires_before_a_view() -> None:
+    """Dynamo records strides: a contiguous source with the cat's strides may replace it."""
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * 2.0
+            return torch.cat(torch.split(y, 2, 1), 1).view(-1)
+
+    mod, xs = M(), [torch.randn(3, 6)]
+    gm = optimus.optimize(mod, xs, rules=RULES, cost_model=LAUNCH_BOUND)
+    assert fired(gm, "split_cat") == 1
+    assert_parity(mod, gm, xs)

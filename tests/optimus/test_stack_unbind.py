@@ -77,3 +77,12 @@ def test_must_not_fire(case) -> None:  # type: ignore[no-untyped-def]
     gm = run(f, [torch.randn(2, 2), torch.randn(2, 2)], RULES)
     assert fired(gm, "stack_unbind") == 0
     assert ops(gm, "stack") == 1
+
+
+def test_mixed_dtype_stack_promotes_so_pieces_are_not_its_inputs() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        a, b = torch.stack([x * 1.0, y.double()], 0).unbind(0)
+        return a, b
+
+    gm = run(f, [torch.randn(2, 2), torch.randn(2, 2)], RULES)
+    assert fired(gm, "stack_unbind") == 0
