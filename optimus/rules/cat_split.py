@@ -23,11 +23,10 @@ from torch import fx
 from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
-from ._split_cat_cost import VIEW, copy_cost, scaled, views
+from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     ListView,
-    Piece,
     all_movable,
     cat_view,
     is_graph_output_alias,
@@ -36,16 +35,14 @@ from ._split_cat_util import (
     pieces_of,
     split_view,
 )
-from .base import Cost
 
 
 class CatSplit(NodeSetRule):
     name = "cat_split"
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        piece = piece_of(node, ctx)
-        if piece is not None and piece.holder is node:
-            return self._slice_of_cat(piece, ctx)
+        if cat_view(node, ctx) is not None:
+            return self._slices_of_cat(node, ctx)
         split = split_view(node, ctx)
         if split is None:
             return None
@@ -87,41 +84,46 @@ class CatSplit(NodeSetRule):
         data = ("split", cat.tensors, cat.dim, where, inside, index)
         return Found(members, before, views(resplits), data, consumed=consumed)
 
-    def _slice_of_cat(self, piece: Piece, ctx: RewriteContext) -> Found | None:
-        """narrow(cat(xs, d), d, off, len) or cat(xs, d)[:, off:off+len] inside one x_j ->
-        x_j or x_j.narrow(d, off - start_j, len). Each such view is rewritten on its own; it is
-        credited an equal share of the cat copy when every reader of the cat can be rewritten."""
-        cat = cat_view(piece.source, ctx)
-        if cat is None or cat.whole is not None or cat.dim != piece.dim:
+    def _slices_of_cat(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        """narrow(cat(xs, d), d, off, len) or cat(xs, d)[:, off:off+len] inside one x_j -> x_j or
+        x_j.narrow(d, off - start_j, len), for every such reader of the cat at once (one rewrite:
+        the cat copy is saved only when all its readers are rewritten)."""
+        cat = cat_view(node, ctx)
+        if cat is None or cat.whole is not None or not same_dtypes(cat.tensors, node, ctx):
             return None
         widths, starts = _extents(cat, ctx)
-        j = _inside(starts, widths, piece.start, piece.length)
-        if j is None or not all_movable([piece.source, cat.tensors[j]], ctx):
+        plan: dict[fx.Node, tuple[int, int, int, bool]] = {}  # reader -> (j, offset, length, exact)
+        for user in node.users:
+            piece = piece_of(user, ctx)
+            if piece is None or piece.holder is not user or piece.dim != cat.dim:
+                continue
+            j = _inside(starts, widths, piece.start, piece.length)
+            if j is None:
+                continue
+            exact = piece.start == starts[j] and piece.length == widths[j]
+            if exact and is_graph_output_alias(user, cat.tensors[j]):
+                continue
+            if not layout_safe(user, cat.tensors[j] if exact else None, ctx):
+                continue
+            plan[user] = (j, piece.start - starts[j], piece.length, exact)
+        if not plan or not all_movable([*cat.tensors, *plan], ctx):
             return None
-        if not same_dtypes(cat.tensors, piece.source, ctx):
-            return None
-        exact = piece.start == starts[j] and piece.length == widths[j]
-        if exact and is_graph_output_alias(piece.node, cat.tensors[j]):
-            return None
-        if not layout_safe(piece.node, cat.tensors[j] if exact else None, ctx):
-            return None
-        before = VIEW
-        readers = [piece_of(u, ctx) for u in piece.source.users]
-        if all(
-            r is not None
-            and r.holder is r.node
-            and r.dim == cat.dim
-            and _inside(starts, widths, r.start, r.length) is not None
-            for r in readers
-        ):
-            before = before + scaled(copy_cost(piece.source, ctx), 1.0 / len(readers))
-        data = ("slice", cat.tensors[j], cat.dim, piece.start - starts[j], piece.length, exact)
-        return Found((piece.node,), before, Cost() if exact else VIEW, data)
+        members = tuple(u for u in node.users if u in plan)  # graph order: deterministic
+        narrows = sum(1 for j, off, n, exact in plan.values() if not exact)
+        before = views(len(plan))
+        if len(plan) == len(node.users):
+            before = before + copy_cost(node, ctx)  # nothing else reads the cat: it goes too
+        data = ("slices", cat.tensors, cat.dim, plan)
+        return Found(members, before, views(narrows), data)
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
-        if data[0] == "slice":
-            _, source, dim, start, length, exact = data
-            return [source if exact else b.call(torch.narrow, source, dim, start, length)]
+        if data[0] == "slices":
+            _, tensors, dim, plan = data
+            out = []
+            for m in members:
+                j, start, length, exact = plan[m]
+                out.append(tensors[j] if exact else b.call(torch.narrow, tensors[j], dim, start, length))
+            return out
         _, tensors, dim, where, inside, index = data
         resplit: dict[int, fx.Node] = {}
         out = []
