@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import fx
 
-from ._split_cat_util import CALLS, all_movable
+from ._split_cat_util import all_movable, nodes_of_kind
 from .base import Candidate, Cost
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class NodeSetRule:
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "horizontal"
+    anchors: ClassVar[frozenset[str]] = frozenset()  # op kinds ``find`` can anchor on (see op_kind)
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         raise NotImplementedError
@@ -74,8 +75,8 @@ class NodeSetRule:
     def match(self, ctx: RewriteContext) -> list[Candidate]:
         out: list[Candidate] = []
         claimed: set[fx.Node] = set()
-        for node in ctx.index.nodes:
-            if node.op not in CALLS or not ctx.movable(node):
+        for node in nodes_of_kind(ctx, self.anchors):
+            if not ctx.movable(node):
                 continue
             try:
                 found = self.find(node, ctx)

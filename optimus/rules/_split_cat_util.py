@@ -16,6 +16,7 @@ replaced at once) is :mod:`._node_set_rule`.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,39 @@ _TENSOR_SPLIT_FUNCS: tuple[Any, ...] = (torch.tensor_split,)
 _SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
     f for f in (getattr(torch, "split_with_sizes", None),) if f is not None
 )
+
+
+SPLITS = frozenset({"split", "chunk", "tensor_split", "split_with_sizes"})
+_KIND_BY_NAME = {"tensor_split": "tensor_split", "split_with_sizes": "split_with_sizes", "narrow": "narrow"}
+_KINDS: weakref.WeakKeyDictionary[Any, dict[str, list[fx.Node]]] = weakref.WeakKeyDictionary()
+
+
+def op_kind(node: fx.Node, ctx: RewriteContext) -> str | None:
+    """The canonical op of a call, or the name of a split-family target the engine does not know."""
+    if node.op not in CALLS:
+        return None
+    canon = ctx.canon(node)
+    if canon is not None:
+        return canon.op
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return _KIND_BY_NAME.get(name)
+
+
+def nodes_of_kind(ctx: RewriteContext, kinds: frozenset[str]) -> list[fx.Node]:
+    """The indexed nodes whose ``op_kind`` is in ``kinds``, in graph order (bucketed once per
+    round, so each rule visits only the nodes it can anchor on)."""
+    buckets = _KINDS.get(ctx.index)
+    if buckets is None:
+        buckets = {}
+        for node in ctx.index.nodes:
+            kind = op_kind(node, ctx)
+            if kind is not None:
+                buckets.setdefault(kind, []).append(node)
+        _KINDS[ctx.index] = buckets
+    found = [n for k in kinds for n in buckets.get(k, ())]
+    if len(kinds) > 1:
+        found.sort(key=ctx.index.pos.__getitem__)
+    return found
 
 
 # -- small readers ------------------------------------------------------------------------------

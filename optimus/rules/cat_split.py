@@ -26,6 +26,7 @@ from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
+    SPLITS,
     ListView,
     all_movable,
     cat_view,
@@ -39,6 +40,7 @@ from ._split_cat_util import (
 
 class CatSplit(NodeSetRule):
     name = "cat_split"
+    anchors = SPLITS | {"cat"}
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         if cat_view(node, ctx) is not None:

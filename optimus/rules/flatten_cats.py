@@ -23,6 +23,7 @@ from ._split_cat_util import all_movable, cat_view, only_used_by
 
 class FlattenCats(NodeSetRule):
     name = "flatten_cats"
+    anchors = frozenset({"cat"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         outer = cat_view(node, ctx)

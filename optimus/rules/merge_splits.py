@@ -22,11 +22,12 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW
-from ._split_cat_util import all_movable, item_of, only_used_by, pieces_of, split_view
+from ._split_cat_util import SPLITS, all_movable, item_of, only_used_by, pieces_of, split_view
 
 
 class MergeSplits(NodeSetRule):
     name = "merge_splits"
+    anchors = SPLITS
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         inner = split_view(node, ctx)

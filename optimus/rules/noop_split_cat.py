@@ -20,12 +20,13 @@ from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost
 from ._split_cat_layout import layout_safe
-from ._split_cat_util import all_movable, cat_view, is_graph_output_alias, pieces_of, split_view
+from ._split_cat_util import SPLITS, all_movable, cat_view, is_graph_output_alias, pieces_of, split_view
 from .base import Cost
 
 
 class NoopSplitCat(NodeSetRule):
     name = "noop_split_cat"
+    anchors = SPLITS | {"cat"}
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         cat = cat_view(node, ctx)

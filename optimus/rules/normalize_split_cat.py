@@ -25,10 +25,11 @@ import torch
 from torch import fx
 
 from ..context import RewriteContext
-from ._split_cat_util import cat_view, split_view, stack_view, unbind_view
+from ._split_cat_util import SPLITS, cat_view, nodes_of_kind, split_view, stack_view, unbind_view
 from .base import CleanupRule
 
 log = logging.getLogger("optimus")
+_KINDS = SPLITS | {"cat", "stack", "unbind", "getitem"}
 
 
 def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
@@ -94,8 +95,8 @@ class NormalizeSplitCat(CleanupRule):
         # references to nodes replaced earlier in this pass (the cached canonical forms of their
         # users would otherwise still name the old node).
         plan: list[tuple[fx.Node, tuple[Any, tuple[Any, ...], dict[str, Any]]]] = []
-        for node in ctx.index.nodes:
-            if node.op not in ("call_function", "call_method") or not ctx.movable(node):
+        for node in nodes_of_kind(ctx, _KINDS):
+            if not ctx.movable(node):
                 continue
             folded = _folded_index(node)
             if folded is not None:

@@ -82,6 +82,7 @@ def _dying_views(cat: ListView, runs: list[Run], ctx: RewriteContext) -> int:
 
 class SplitCat(NodeSetRule):
     name = "split_cat"
+    anchors = frozenset({"cat"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         cat = cat_view(node, ctx)

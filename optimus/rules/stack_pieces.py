@@ -27,6 +27,7 @@ from .base import Cost
 
 class StackPieces(NodeSetRule):
     name = "stack_pieces"
+    anchors = frozenset({"stack"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         stack = stack_view(node, ctx)

@@ -36,6 +36,7 @@ from .base import Cost
 
 class StackUnbind(NodeSetRule):
     name = "stack_unbind"
+    anchors = frozenset({"stack", "unbind"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         return self._unbind_of_stack(node, ctx) or self._stack_of_unbind(node, ctx)

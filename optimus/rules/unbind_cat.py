@@ -28,6 +28,7 @@ from .base import Cost
 
 class UnbindCat(NodeSetRule):
     name = "unbind_cat"
+    anchors = frozenset({"cat"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         cat = cat_view(node, ctx)
