@@ -67,6 +67,25 @@ def _same(node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, A
     return True
 
 
+def _looks_canonical(node: fx.Node) -> bool:
+    """Canonical on sight (no shapes needed): torch.split with a list of int sizes, or
+    torch.cat/stack with a list, or torch.unbind, and a plain non-negative dim. Skipping these
+    keeps the pass from computing shapes of the many nodes other rules already emit this way."""
+    if node.op != "call_function" or node.target not in (torch.split, torch.cat, torch.stack, torch.unbind):
+        return False
+    at = 2 if node.target is torch.split else 1  # where a positional dim sits
+    if node.target is torch.split and not (
+        len(node.args) >= 2 and isinstance(node.args[1], list) and all(type(s) is int for s in node.args[1])
+    ):
+        return False
+    if node.target in (torch.cat, torch.stack) and not (node.args and isinstance(node.args[0], list)):
+        return False
+    if len(node.args) > at + 1 or (node.kwargs and set(node.kwargs) != {"dim"}):
+        return False
+    dim = node.args[at] if len(node.args) == at + 1 else node.kwargs.get("dim", 0)
+    return type(dim) is int and dim >= 0
+
+
 def _folded_index(node: fx.Node) -> tuple[fx.Node, int] | None:
     """getitem(getitem(T, slice(a, b)), i) -> (T, a + i) for a plain forward slice."""
     if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
@@ -101,6 +120,8 @@ class NormalizeSplitCat(CleanupRule):
             folded = _folded_index(node)
             if folded is not None:
                 plan.append((node, (operator.getitem, folded, {})))
+                continue
+            if _looks_canonical(node):
                 continue
             try:
                 call = _canonical(node, ctx)
