@@ -394,6 +394,7 @@ def all_movable(nodes: Sequence[Any], ctx: RewriteContext) -> bool:
 
 
 def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
-    """Would replacing ``old`` by ``new`` return a model input or parameter itself (not a copy)
-    as a graph output? We decline that: a caller mutating the output would mutate the input."""
+    """Would replacing ``old`` (a graph output) by ``new`` or a view of ``new`` hand the caller a
+    model input or parameter's own storage instead of a copy? We decline that: a caller writing
+    into the output would write into the input."""
     return new.op in ("placeholder", "get_attr") and any(u.op == "output" for u in old.users)

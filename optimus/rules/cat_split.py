@@ -72,7 +72,7 @@ class CatSplit(NodeSetRule):
         for i, gs in pieces.items.items():
             j = where[i][0]
             exact = len(inside[j]) == 1
-            if exact and any(is_graph_output_alias(g, cat.tensors[j]) for g in gs):
+            if any(is_graph_output_alias(g, cat.tensors[j]) for g in gs):
                 return None
             if any(not layout_safe(g, cat.tensors[j] if exact else None, ctx) for g in gs):
                 return None
@@ -103,7 +103,7 @@ class CatSplit(NodeSetRule):
             if j is None:
                 continue
             exact = piece.start == starts[j] and piece.length == widths[j]
-            if exact and is_graph_output_alias(user, cat.tensors[j]):
+            if is_graph_output_alias(user, cat.tensors[j]):
                 continue
             if not layout_safe(user, cat.tensors[j] if exact else None, ctx):
                 continue

@@ -113,7 +113,7 @@ class SplitCat(NodeSetRule):
                 if is_graph_output_alias(node, source) or not layout_safe(node, source, ctx):
                     return None
                 return Found((node,), before, Cost(), ("input", source))
-            if not layout_safe(node, None, ctx):
+            if is_graph_output_alias(node, source) or not layout_safe(node, None, ctx):
                 return None
             return Found((node,), before, VIEW, ("narrow", (source, dim, start, length)))
         # runs inside a longer cat: each becomes one narrow view

@@ -21,7 +21,14 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_util import all_movable, only_used_by, piece_of, stack_view, tuple_dies_with
+from ._split_cat_util import (
+    all_movable,
+    is_graph_output_alias,
+    only_used_by,
+    piece_of,
+    stack_view,
+    tuple_dies_with,
+)
 from .base import Cost
 
 
@@ -48,6 +55,8 @@ class StackPieces(NodeSetRule):
                 return None
         holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
         if not all_movable([first.source, *stack.tensors, *holders], ctx):
+            return None
+        if is_graph_output_alias(node, first.source):  # contiguous() may hand back a view of it
             return None
         meta = ctx.meta(first.source)
         assert meta is not None

@@ -87,7 +87,7 @@ class StackUnbind(NodeSetRule):
         if indices[-1] >= unbind.count or not all_movable([source, *stack.tensors], ctx):
             return None
         full = len(indices) == unbind.count
-        if full and is_graph_output_alias(node, unbind.input):
+        if is_graph_output_alias(node, unbind.input):
             return None
         if not layout_safe(node, unbind.input if full else None, ctx):
             return None

@@ -22,7 +22,14 @@ from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_layout import layout_safe
-from ._split_cat_util import all_movable, cat_view, item_of, tuple_dies_with, unbind_view
+from ._split_cat_util import (
+    all_movable,
+    cat_view,
+    is_graph_output_alias,
+    item_of,
+    tuple_dies_with,
+    unbind_view,
+)
 from .base import Cost
 
 
@@ -51,6 +58,8 @@ class UnbindCat(NodeSetRule):
         ):
             return None
         if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
+            return None
+        if is_graph_output_alias(node, unbind.input):  # the result may be a view of it
             return None
         u, c = unbind.dim, cat.dim
         partial = len(indices) != unbind.count

@@ -239,3 +239,9 @@ def test_exported_graph_with_known_contiguous_input_fires_before_a_view() -> Non
     gm = optimus.optimize(mod, xs, rules=RULES, cost_model=LAUNCH_BOUND)
     assert fired(gm, "split_cat") == 1
     assert_parity(mod, gm, xs)
+
+
+def test_would_return_a_view_of_the_model_input_does_not_fire() -> None:
+    """cat returns a copy; a narrow view of x returned instead would let the caller write into x."""
+    gm = _no_fire(lambda self, x: torch.cat([x[:, 2:4], x[:, 4:6]], 1))
+    assert ops(gm, "narrow") == 0
