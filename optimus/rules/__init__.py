@@ -18,7 +18,9 @@ from .merge_splits import MergeSplits
 from .noop_split_cat import NoopSplitCat
 from .normalize_split_cat import NormalizeSplitCat
 from .split_cat import SplitCat
+from .stack_pieces import StackPieces
 from .stack_unbind import StackUnbind
+from .unbind_cat import UnbindCat
 
 REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round)
@@ -39,6 +41,8 @@ REGISTRY: dict[str, type] = {
     "flatten_cats": FlattenCats,
     "noop_split_cat": NoopSplitCat,
     "stack_unbind": StackUnbind,
+    "unbind_cat": UnbindCat,
+    "stack_pieces": StackPieces,
 }
 
 

@@ -9,29 +9,24 @@ reads them through :func:`split_view`, :func:`cat_view`, :func:`stack_view` and
 shapes the capture recorded), so no rule repeats the call-form cases or gets a negative dim
 wrong. They answer None whenever shapes are unknown or symbolic: rules then decline.
 
-It also holds :class:`NodeSetRule`, a rule base for rewrites that replace *several* nodes at
-once (e.g. every ``getitem`` of a split). The engine's horizontal commit path already does what
-such a rewrite needs (one replacement per member, all placed at one label, undone as a unit);
-this base only computes a label that fits every member. It belongs in the engine as a third rule
-kind; it lives here because the split/cat rules must not edit engine files.
+Costs of these ops are in :mod:`._split_cat_cost`; the rule base the family uses (several nodes
+replaced at once) is :mod:`._node_set_rule`.
 """
 
 from __future__ import annotations
 
-import math
 import operator
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
 from ..meta import TensorMeta
-from .base import Candidate, Cost
 
 if TYPE_CHECKING:
-    from ..builder import Builder
     from ..context import RewriteContext
 
 CALLS = ("call_function", "call_method")
@@ -43,12 +38,40 @@ _SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
 )
 
 
+SPLITS = frozenset({"split", "chunk", "tensor_split", "split_with_sizes"})
+_KIND_BY_NAME = {"tensor_split": "tensor_split", "split_with_sizes": "split_with_sizes", "narrow": "narrow"}
+_KINDS: weakref.WeakKeyDictionary[Any, dict[str, list[fx.Node]]] = weakref.WeakKeyDictionary()
+
+
+def op_kind(node: fx.Node, ctx: RewriteContext) -> str | None:
+    """The canonical op of a call, or the name of a split-family target the engine does not know."""
+    if node.op not in CALLS:
+        return None
+    canon = ctx.canon(node)
+    if canon is not None:
+        return canon.op
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return _KIND_BY_NAME.get(name)
+
+
+def nodes_of_kind(ctx: RewriteContext, kinds: frozenset[str]) -> list[fx.Node]:
+    """The indexed nodes whose ``op_kind`` is in ``kinds``, in graph order (bucketed once per
+    round, so each rule visits only the nodes it can anchor on)."""
+    buckets = _KINDS.get(ctx.index)
+    if buckets is None:
+        buckets = {}
+        for node in ctx.index.nodes:
+            kind = op_kind(node, ctx)
+            if kind is not None:
+                buckets.setdefault(kind, []).append(node)
+        _KINDS[ctx.index] = buckets
+    found = [n for k in kinds for n in buckets.get(k, ())]
+    if len(kinds) > 1:
+        found.sort(key=ctx.index.pos.__getitem__)
+    return found
+
+
 # -- small readers ------------------------------------------------------------------------------
-def rank_of(node: Any, ctx: RewriteContext) -> int | None:
-    meta = ctx.meta(node)
-    return None if meta is None else len(meta.shape)
-
-
 def norm_dim(dim: Any, rank: int | None) -> int | None:
     """``dim`` in [0, rank) or None if it is not a plain int in [-rank, rank)."""
     if rank is None or isinstance(dim, bool) or not isinstance(dim, int):
@@ -252,14 +275,6 @@ def item_of(node: Any) -> tuple[fx.Node, int] | None:
     return src, idx
 
 
-def item_node(tuple_node: fx.Node, i: int) -> fx.Node | None:
-    """The first ``getitem(tuple_node, i)`` user, if any."""
-    for u in tuple_node.users:
-        if _is_getitem(u) and len(u.args) == 2 and u.args[1] == i:
-            return u
-    return None
-
-
 @dataclass(frozen=True)
 class Pieces:
     """Users of a tuple-valued node: ``items[i]`` lists the ``getitem(node, i)`` users."""
@@ -297,82 +312,89 @@ def tuple_dies_with(node: fx.Node, readers: Sequence[fx.Node]) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A value that is ``source[..., start:start+length, ...]`` along ``dim``: a getitem of a split,
+    ``torch.narrow`` / ``Tensor.narrow``, or a basic slice ``x[:, a:b]`` (step 1). ``holders`` are
+    the view nodes that exist only to produce it (the split, or the narrow/slice node itself)."""
+
+    node: fx.Node
+    source: fx.Node
+    dim: int
+    start: int
+    length: int
+    holder: fx.Node  # the split (tuple) or the narrow/slice node
+
+
+def piece_of(node: Any, ctx: RewriteContext) -> Piece | None:
+    if not isinstance(node, fx.Node) or node.op not in CALLS:
+        return None
+    item = item_of(node)
+    if item is not None:
+        split = split_view(item[0], ctx)
+        if split is not None and item[1] < len(split.sizes):
+            i = item[1]
+            return Piece(node, split.input, split.dim, split.offsets[i], split.sizes[i], item[0])
+        if split is not None or not isinstance(node.args[1], (slice, tuple)):
+            return None
+    return _narrow_piece(node, ctx) or _slice_piece(node, ctx)
+
+
+def _narrow_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
+    is_narrow = (node.op == "call_function" and node.target is torch.narrow) or (
+        node.op == "call_method" and node.target == "narrow"
+    )
+    if not is_narrow:
+        return None
+    bound = _bind(node, ("input", "dim", "start", "length"), {})
+    if bound is None or not isinstance(bound["input"], fx.Node):
+        return None
+    meta = ctx.meta(bound["input"])
+    d = norm_dim(bound["dim"], None if meta is None else len(meta.shape))
+    start, length = bound["start"], bound["length"]
+    if meta is None or d is None or not all(type(v) is int for v in (start, length)):
+        return None
+    if start < 0:
+        start += meta.shape[d]
+    if not (start >= 0 and length >= 0 and start + length <= meta.shape[d]):
+        return None
+    return Piece(node, bound["input"], d, start, length, node)
+
+
+def _slice_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
+    """``x[a:b]`` or ``x[:, a:b]``: exactly one restricting slice with step 1, others ``:``."""
+    if not _is_getitem(node) or len(node.args) != 2 or not isinstance(node.args[0], fx.Node):
+        return None
+    source, index = node.args[0], node.args[1]
+    assert isinstance(source, fx.Node)
+    meta = ctx.meta(source)
+    slices = index if isinstance(index, tuple) else (index,)
+    if meta is None or not slices or len(slices) > len(meta.shape):
+        return None
+    found: tuple[int, int, int] | None = None
+    for d, sl in enumerate(slices):
+        if not isinstance(sl, slice) or not all(v is None or type(v) is int for v in (sl.start, sl.stop)):
+            return None
+        if sl.step not in (None, 1):
+            return None
+        start, stop, _ = sl.indices(meta.shape[d])
+        if (start, stop) == (0, meta.shape[d]):
+            continue
+        if found is not None:
+            return None
+        found = (d, start, max(stop - start, 0))
+    if found is None:
+        return None
+    return Piece(node, source, found[0], found[1], found[2], node)
+
+
 def all_movable(nodes: Sequence[Any], ctx: RewriteContext) -> bool:
     """No node is ordered (effectful, or in the alias class of a mutated value)."""
     return all(not isinstance(n, fx.Node) or ctx.movable(n) for n in nodes)
 
 
 def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
-    """Would replacing ``old`` by ``new`` return a model input or parameter itself (not a copy)
-    as a graph output? We decline that: a caller mutating the output would mutate the input."""
+    """Would replacing ``old`` (a graph output) by ``new`` or a view of ``new`` hand the caller a
+    model input or parameter's own storage instead of a copy? We decline that: a caller writing
+    into the output would write into the input."""
     return new.op in ("placeholder", "get_attr") and any(u.op == "output" for u in old.users)
-
-
-# -- costs ---------------------------------------------------------------------------------------
-VIEW = Cost(launches=1.0)  # split / unbind / narrow / slice: one dispatch, no data moved
-
-
-def copy_cost(node: fx.Node, ctx: RewriteContext) -> Cost:
-    """cat / stack: one launch, reads and writes the output once."""
-    meta = ctx.meta(node)
-    return Cost(launches=1.0, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
-
-
-# -- multi-node rewrites ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Found:
-    """One rewrite a :class:`NodeSetRule` offers: replace each of ``members`` (by ``build``)."""
-
-    members: tuple[fx.Node, ...]
-    before: Cost
-    after: Cost
-    data: Any = None
-
-
-def fitting_label(members: Sequence[fx.Node], ctx: RewriteContext) -> float | None:
-    """A label strictly between every member's inputs and users (the engine's placement rule),
-    or None when the members' windows do not overlap."""
-    lo = max(ctx.index.input_label(m) for m in members)
-    hi = min(ctx.index.user_label(m) for m in members)
-    if not lo < hi:
-        return None
-    return lo + 0.5 if math.isinf(hi) else (lo + hi) / 2.0
-
-
-class NodeSetRule:
-    """Replace a set of nodes at once (one replacement each). Override ``find`` and ``build``.
-
-    ``find(node, ctx)`` looks at one anchor node and returns a :class:`Found` (or None);
-    ``build(members, data, b)`` returns one replacement per member: an existing node or one built
-    with ``b``. The engine's horizontal path commits it (kind "horizontal"), rewiring each
-    member's users and undoing all of it together on rollback."""
-
-    name: ClassVar[str] = ""
-    kind: ClassVar[str] = "horizontal"
-
-    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        raise NotImplementedError
-
-    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node] | None:
-        raise NotImplementedError
-
-    def match(self, ctx: RewriteContext) -> list[Candidate]:
-        out: list[Candidate] = []
-        claimed: set[fx.Node] = set()
-        for node in ctx.index.nodes:
-            if node.op not in CALLS or not ctx.movable(node):
-                continue
-            found = self.find(node, ctx)
-            if found is None or not found.members or not all_movable(found.members, ctx):
-                continue
-            if any(m in claimed for m in found.members):
-                continue  # one rewrite per member per round
-            label = fitting_label(found.members, ctx)
-            if label is None:
-                continue
-            claimed.update(found.members)
-            out.append(Candidate(self.name, found.members, found.before, found.after, label, found.data))
-        return out
-
-    def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
-        return self.build(cand.nodes, cand.data, b)

@@ -16,11 +16,14 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import Found, NodeSetRule, all_movable, cat_view, copy_cost, only_used_by
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import copy_cost
+from ._split_cat_util import all_movable, cat_view, only_used_by
 
 
 class FlattenCats(NodeSetRule):
     name = "flatten_cats"
+    anchors = frozenset({"cat"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         outer = cat_view(node, ctx)
@@ -46,7 +49,8 @@ class FlattenCats(NodeSetRule):
                 flat.append(t)
         if not inlined:
             return None
-        return Found((node,), before, copy_cost(node, ctx), (tuple(flat), outer.dim))
+        after = copy_cost(node, ctx, len(flat))
+        return Found((node,), before, after, (tuple(flat), outer.dim), consumed=tuple(inlined))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         tensors, dim = data

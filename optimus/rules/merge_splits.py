@@ -20,20 +20,14 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    item_of,
-    only_used_by,
-    pieces_of,
-    split_view,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW
+from ._split_cat_util import SPLITS, all_movable, item_of, only_used_by, pieces_of, split_view
 
 
 class MergeSplits(NodeSetRule):
     name = "merge_splits"
+    anchors = SPLITS
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         inner = split_view(node, ctx)
@@ -56,7 +50,8 @@ class MergeSplits(NodeSetRule):
         merged = (*outer.sizes[:i], *inner.sizes, *outer.sizes[i + 1 :])
         shift = len(inner.sizes) - 1
         index = {g: (j if j < i else j + shift) for j, gs in pieces.items.items() if j != i for g in gs}
-        return Found(members, VIEW + VIEW, VIEW, (outer.input, merged, outer.dim, i, len(inner.sizes), index))
+        data = (outer.input, merged, outer.dim, i, len(inner.sizes), index)
+        return Found(members, VIEW + VIEW, VIEW, data, reads=(outer.node, inner.input))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         source, merged, dim, i, count, index = data

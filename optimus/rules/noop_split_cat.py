@@ -17,22 +17,16 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
-    all_movable,
-    cat_view,
-    copy_cost,
-    is_graph_output_alias,
-    pieces_of,
-    split_view,
-)
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_layout import layout_safe
+from ._split_cat_util import SPLITS, all_movable, cat_view, is_graph_output_alias, pieces_of, split_view
 from .base import Cost
 
 
 class NoopSplitCat(NodeSetRule):
     name = "noop_split_cat"
+    anchors = SPLITS | {"cat"}
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         cat = cat_view(node, ctx)
@@ -40,7 +34,11 @@ class NoopSplitCat(NodeSetRule):
             if cat.whole is not None or len(cat.tensors) != 1:
                 return None
             (only,) = cat.tensors
-            if is_graph_output_alias(node, only) or not all_movable([only], ctx):
+            if (
+                is_graph_output_alias(node, only)
+                or not all_movable([only], ctx)
+                or not layout_safe(node, only, ctx)
+            ):
                 return None
             return Found((node,), copy_cost(node, ctx), Cost(), only)
         split = split_view(node, ctx)

@@ -8,8 +8,8 @@
     getitem(getitem(T, slice(a, b)), i)         -> getitem(T, a + i)   (left by merge_splits)
 
 WHY: sizes become an explicit list (chunk and tensor_split sizes are read from the recorded
-shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative and
-keyword, so the other rules, CSE and later passes see one form. The value of every node is
+shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative
+(a positional or omitted dim is left so: binding reads them all the same), so the other rules, CSE and later passes see one form. The value of every node is
 unchanged, so it runs as a cleanup (each round, not cost-checked). Ordered nodes (effects,
 mutated alias classes) are left alone. A tensor_split whose pieces do not tile the input
 (unsorted indices) is not a split and is left alone.
@@ -17,6 +17,7 @@ mutated alias classes) are left alone. A tensor_split whose pieces do not tile t
 
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any
 
@@ -24,8 +25,11 @@ import torch
 from torch import fx
 
 from ..context import RewriteContext
-from ._split_cat_util import cat_view, split_view, stack_view, unbind_view
+from ._split_cat_util import SPLITS, cat_view, nodes_of_kind, split_view, stack_view, unbind_view
 from .base import CleanupRule
+
+log = logging.getLogger("optimus")
+_KINDS = SPLITS | {"cat", "stack", "unbind", "getitem"}
 
 
 def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
@@ -43,17 +47,43 @@ def _canonical(node: fx.Node, ctx: RewriteContext) -> tuple[Any, tuple[Any, ...]
 
 
 def _same(node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if node.op != "call_function" or node.target is not target or node.kwargs != kwargs:
+    """Already canonical? The dim may be positional or keyword (binding makes them the same for
+    every reader; rewriting only that would churn nodes other rules emit)."""
+    if node.op != "call_function" or node.target is not target:
         return False
-    if len(node.args) != len(args):
+    have_args, have_kwargs = list(node.args), dict(node.kwargs)
+    if len(have_args) == len(args) + 1 and not have_kwargs:
+        have_kwargs = {"dim": have_args.pop()}
+    elif len(have_args) == len(args) and not have_kwargs:
+        have_kwargs = {"dim": 0}  # the default
+    if have_kwargs != kwargs or len(have_args) != len(args):
         return False
-    for have, want in zip(node.args, args, strict=True):
+    for have, want in zip(have_args, args, strict=True):
         if isinstance(want, list):
             if not isinstance(have, list) or have != want:
                 return False
         elif have is not want:
             return False
     return True
+
+
+def _looks_canonical(node: fx.Node) -> bool:
+    """Canonical on sight (no shapes needed): torch.split with a list of int sizes, or
+    torch.cat/stack with a list, or torch.unbind, and a plain non-negative dim. Skipping these
+    keeps the pass from computing shapes of the many nodes other rules already emit this way."""
+    if node.op != "call_function" or node.target not in (torch.split, torch.cat, torch.stack, torch.unbind):
+        return False
+    at = 2 if node.target is torch.split else 1  # where a positional dim sits
+    if node.target is torch.split and not (
+        len(node.args) >= 2 and isinstance(node.args[1], list) and all(type(s) is int for s in node.args[1])
+    ):
+        return False
+    if node.target in (torch.cat, torch.stack) and not (node.args and isinstance(node.args[0], list)):
+        return False
+    if len(node.args) > at + 1 or (node.kwargs and set(node.kwargs) != {"dim"}):
+        return False
+    dim = node.args[at] if len(node.args) == at + 1 else node.kwargs.get("dim", 0)
+    return type(dim) is int and dim >= 0
 
 
 def _folded_index(node: fx.Node) -> tuple[fx.Node, int] | None:
@@ -84,14 +114,20 @@ class NormalizeSplitCat(CleanupRule):
         # references to nodes replaced earlier in this pass (the cached canonical forms of their
         # users would otherwise still name the old node).
         plan: list[tuple[fx.Node, tuple[Any, tuple[Any, ...], dict[str, Any]]]] = []
-        for node in ctx.index.nodes:
-            if node.op not in ("call_function", "call_method") or not ctx.movable(node):
+        for node in nodes_of_kind(ctx, _KINDS):
+            if not ctx.movable(node):
                 continue
             folded = _folded_index(node)
             if folded is not None:
                 plan.append((node, (operator.getitem, folded, {})))
                 continue
-            call = _canonical(node, ctx)
+            if _looks_canonical(node):
+                continue
+            try:
+                call = _canonical(node, ctx)
+            except Exception as exc:  # a node form we did not foresee: leave it as it is
+                log.debug("optimus: normalize_split_cat skipped %s (%s)", node.format_node(), exc)
+                continue
             if call is not None and not _same(node, *call):
                 plan.append((node, call))
         replaced: dict[fx.Node, fx.Node] = {}
@@ -100,7 +136,10 @@ class NormalizeSplitCat(CleanupRule):
             with ctx.graph.inserting_before(node):
                 new = ctx.graph.call_function(target, args, kwargs)
             new.meta.update(node.meta)  # same value, so the recorded shapes stay right
+            inner = node.args[0] if target is operator.getitem else None
             node.replace_all_uses_with(new)
             ctx.graph.erase_node(node)
             replaced[node] = new
+            if isinstance(inner, fx.Node) and not inner.users:  # the folded tuple slice, once unread
+                ctx.graph.erase_node(inner)
         return len(plan)

@@ -1,12 +1,17 @@
-"""split_cat: cat(split(x, s, d)[i..j], d) -> x (all pieces) or x.narrow(d, off_i, len) (a run),
-when the cat's inputs are pieces i, i+1, .., j of one split along the cat's own dim, in order.
+"""split_cat: cat(split(x, s, d)[i..j], d) -> x (all pieces) or x.narrow(d, off_i, len) (a run); a run
+of pieces inside a longer cat -> one narrow view in its place, when the cost model says it pays.
+Pieces may also be narrows or basic slices (``x[:, a:b]``, as Dynamo records them): adjacent
+ranges of one source along the cat's dim form a run just like consecutive split outputs.
 
 WHY: models split a tensor, work on some pieces and glue the untouched ones back; after other
-rewrites the glue often reads the split directly. The cat copies what the input already holds;
-the full round trip is the input itself, a contiguous run is a view of it (no copy). A split
-piece with other users keeps the split (only the cat changes). Declines when dims differ, the
-order is permuted or has gaps, a node involved is mutated or effectful (ordered), or the result
-would return a model input or parameter itself as a graph output.
+rewrites the glue often reads the split directly. The cat copies what the input already holds:
+the full round trip is the input itself, a cat of a contiguous run is a view of it (no copy).
+Inside a cat that also has other inputs, a run of k pieces becomes one input (a narrow view):
+that saves little (a shorter input list) and costs a view dispatch, so it is rated by the cost
+model and fires only for long runs or when the split itself dies. A split piece with other users
+keeps the split (only the cat changes). Declines when dims differ, the order is permuted or has
+gaps, a node involved is mutated or effectful (ordered), or the result would return a model input
+or parameter itself as a graph output.
 """
 
 from __future__ import annotations
@@ -19,65 +24,114 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_layout import layout_safe
 from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
+    ListView,
     all_movable,
     cat_view,
-    copy_cost,
     is_graph_output_alias,
-    item_of,
+    only_used_by,
+    piece_of,
     split_view,
     tuple_dies_with,
 )
 from .base import Cost
 
+Run = tuple[int, int, fx.Node, int, int, int]  # (first input, end, source, dim, start, length)
+
+
+def _runs(cat: ListView, ctx: RewriteContext) -> list[Run]:
+    """Maximal runs (two or more cat inputs) of adjacent pieces of one source along the cat's
+    dim, in order: pieces are split getitems, narrows or basic slices (see ``piece_of``)."""
+    pieces = [piece_of(t, ctx) for t in cat.tensors]
+    out: list[Run] = []
+    k = 0
+    while k < len(pieces):
+        first = pieces[k]
+        if first is None or first.dim != cat.dim:
+            k += 1
+            continue
+        end, stop = k + 1, first.start + first.length
+        while end < len(pieces):
+            nxt = pieces[end]
+            if nxt is None or nxt.source is not first.source or nxt.dim != first.dim or nxt.start != stop:
+                break
+            stop += nxt.length
+            end += 1
+        if end - k >= 2:
+            out.append((k, end, first.source, first.dim, first.start, stop - first.start))
+        k = end
+    return out
+
+
+def _dying_views(cat: ListView, runs: list[Run], ctx: RewriteContext) -> int:
+    """How many view nodes (splits, narrows, slices) die when the runs stop reading them."""
+    holders = {}
+    for start, end, *_ in runs:
+        for t in cat.tensors[start:end]:
+            piece = piece_of(t, ctx)
+            assert piece is not None
+            holders[piece.holder] = piece.holder is piece.node
+    node = cat.node
+    return sum(
+        1 for h, own in holders.items() if (only_used_by(h, [node]) if own else tuple_dies_with(h, [node]))
+    )
+
 
 class SplitCat(NodeSetRule):
     name = "split_cat"
+    anchors = frozenset({"cat"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         cat = cat_view(node, ctx)
         if cat is None:
             return None
         if cat.whole is not None:
-            source, first, last = cat.whole, 0, None
-        else:
-            items = [item_of(t) for t in cat.tensors]
-            if any(it is None for it in items):
+            split = split_view(cat.whole, ctx)
+            if split is None or split.dim != cat.dim or not all_movable([cat.whole], ctx):
                 return None
-            sources = {it[0] for it in items if it is not None}
-            if len(sources) != 1:
+            if is_graph_output_alias(node, split.input) or not layout_safe(node, split.input, ctx):
                 return None
-            source = sources.pop()
-            indices = [it[1] for it in items if it is not None]
-            first = indices[0]
-            if indices != list(range(first, first + len(indices))):
-                return None  # permuted, repeated or with gaps
-            last = indices[-1]
-        split = split_view(source, ctx)
-        if split is None or split.dim != cat.dim or not all_movable([source, *cat.tensors], ctx):
+            before = copy_cost(node, ctx, len(split.sizes))
+            if tuple_dies_with(cat.whole, [node]):
+                before = before + VIEW
+            return Found((node,), before, Cost(), ("input", split.input))
+        runs = _runs(cat, ctx)
+        if not runs:
             return None
-        if last is None:
-            last = len(split.sizes) - 1
-        if last >= len(split.sizes):
+        holders = [p.holder for t in cat.tensors if (p := piece_of(t, ctx)) is not None]
+        if not all_movable([*cat.tensors, *holders, *(r[2] for r in runs)], ctx):
             return None
-        full = first == 0 and last == len(split.sizes) - 1
-        if full and is_graph_output_alias(node, split.input):
-            return None
-        if not full and last == first:
-            return None  # cat of one piece: noop_split_cat's job
-        before = copy_cost(node, ctx)
-        if tuple_dies_with(source, [node]):
-            before = before + VIEW
-        after = Cost() if full else VIEW
-        start = split.offsets[first]
-        length = sum(split.sizes[first : last + 1])
-        return Found((node,), before, after, (split.input, split.dim, start, length, full))
+        before = copy_cost(node, ctx) + views(_dying_views(cat, runs, ctx))
+        if len(runs) == 1 and runs[0][:2] == (0, len(cat.tensors)):  # the whole cat is one run
+            _, _, source, dim, start, length = runs[0]
+            meta = ctx.meta(source)
+            full = meta is not None and start == 0 and length == meta.shape[dim]
+            if full:
+                if is_graph_output_alias(node, source) or not layout_safe(node, source, ctx):
+                    return None
+                return Found((node,), before, Cost(), ("input", source))
+            if is_graph_output_alias(node, source) or not layout_safe(node, None, ctx):
+                return None
+            return Found((node,), before, VIEW, ("narrow", (source, dim, start, length)))
+        # runs inside a longer cat: each becomes one narrow view
+        new_inputs: list[Any] = []
+        pos = 0
+        for start_k, end_k, source, dim, start, length in runs:
+            new_inputs.extend(cat.tensors[pos:start_k])
+            new_inputs.append((source, dim, start, length))
+            pos = end_k
+        new_inputs.extend(cat.tensors[pos:])
+        after = copy_cost(node, ctx, len(new_inputs)) + views(len(runs))
+        return Found((node,), before, after, ("cat", new_inputs, cat.dim))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
-        source, dim, start, length, full = data
-        if full:
-            return [source]
-        return [b.call(torch.narrow, source, dim, start, length)]
+        if data[0] == "input":
+            return [data[1]]
+        if data[0] == "narrow":
+            return [b.call(torch.narrow, *data[1])]
+        _, inputs, dim = data
+        made = [v if isinstance(v, fx.Node) else b.call(torch.narrow, *v) for v in inputs]
+        return [b.call(torch.cat, made, dim=dim)]

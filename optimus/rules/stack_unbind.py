@@ -18,12 +18,11 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
-    VIEW,
-    Found,
-    NodeSetRule,
     all_movable,
-    copy_cost,
     is_graph_output_alias,
     item_of,
     only_used_by,
@@ -37,6 +36,7 @@ from .base import Cost
 
 class StackUnbind(NodeSetRule):
     name = "stack_unbind"
+    anchors = frozenset({"stack", "unbind"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         return self._unbind_of_stack(node, ctx) or self._stack_of_unbind(node, ctx)
@@ -57,10 +57,16 @@ class StackUnbind(NodeSetRule):
         index = {g: i for i, gs in pieces.items.items() for g in gs}
         if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
             return None
+        if not same_dtypes(stack.tensors, unbind.input, ctx):
+            return None  # the stack promoted a dtype: its pieces are not its inputs
+        if any(not layout_safe(g, stack.tensors[index[g]], ctx) for g in members):
+            return None
+        consumed: tuple[fx.Node, ...] = ()
         before = VIEW
         if only_used_by(unbind.input, [node]):
-            before = before + copy_cost(unbind.input, ctx)
-        return Found(members, before, Cost(), ("items", tuple(stack.tensors[index[g]] for g in members)))
+            before, consumed = before + copy_cost(unbind.input, ctx), (unbind.input,)
+        data = ("items", tuple(stack.tensors[index[g]] for g in members))
+        return Found(members, before, Cost(), data, consumed=consumed)
 
     def _stack_of_unbind(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         stack = stack_view(node, ctx)
@@ -81,7 +87,9 @@ class StackUnbind(NodeSetRule):
         if indices[-1] >= unbind.count or not all_movable([source, *stack.tensors], ctx):
             return None
         full = len(indices) == unbind.count
-        if full and is_graph_output_alias(node, unbind.input):
+        if is_graph_output_alias(node, unbind.input):
+            return None
+        if not layout_safe(node, unbind.input if full else None, ctx):
             return None
         if not full and len(indices) < 2:
             return None  # stack of one slice: a copy vs an unsqueeze view, not worth a rule

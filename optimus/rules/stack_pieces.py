@@ -1,0 +1,83 @@
+"""stack_pieces: stack([x[.., s:s+L, ..], x[.., s+L:s+2L, ..], ...], e) (n adjacent equal pieces of one x
+along d: split outputs, narrows or slices) -> x.narrow(d, s, n*L).unflatten(d, (n, L)).movedim(d, e)
+.contiguous() (no narrow when the pieces cover x, no movedim when d == e).
+
+WHY: horizontal fusion stacks the per-tower inputs it batches; when those are the pieces of one
+split input (``torch.split(x, w, 1)`` feeding n towers), the stack copies them one by one into a
+new [n, ..] tensor. The same tensor is a reshape of x: one copy (``contiguous``; none when the
+layout already matches), and the split or the n narrows go away. Declines for unequal, permuted,
+repeated or non-adjacent pieces and mutated/effectful nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..builder import Builder
+from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_util import (
+    all_movable,
+    is_graph_output_alias,
+    only_used_by,
+    piece_of,
+    stack_view,
+    tuple_dies_with,
+)
+from .base import Cost
+
+
+class StackPieces(NodeSetRule):
+    name = "stack_pieces"
+    anchors = frozenset({"stack"})
+
+    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        stack = stack_view(node, ctx)
+        if stack is None or len(stack.tensors) < 2:
+            return None
+        pieces = [piece_of(t, ctx) for t in stack.tensors]
+        first = pieces[0]
+        if first is None or first.length == 0:
+            return None
+        for k, p in enumerate(pieces):
+            if (
+                p is None
+                or p.source is not first.source
+                or p.dim != first.dim
+                or p.length != first.length
+                or p.start != first.start + k * first.length
+            ):
+                return None
+        holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
+        if not all_movable([first.source, *stack.tensors, *holders], ctx):
+            return None
+        if is_graph_output_alias(node, first.source):  # contiguous() may hand back a view of it
+            return None
+        meta = ctx.meta(first.source)
+        assert meta is not None
+        n, d, e = len(pieces), first.dim, stack.dim
+        partial = first.start != 0 or n * first.length != meta.shape[d]
+        dying = sum(
+            1
+            for h, own in holders.items()
+            if (only_used_by(h, [node]) if own else tuple_dies_with(h, [node]))
+        )
+        before = copy_cost(node, ctx) + views(dying)
+        copy = Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes)
+        in_place = d == e == 0  # unflatten of a leading-dim range of a contiguous tensor: no copy
+        after = views(1 + int(partial) + int(d != e)) + (VIEW if in_place else copy)
+        return Found((node,), before, after, (first.source, d, e, first.start, n, first.length, partial))
+
+    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        x, d, e, start, n, length, partial = data
+        if partial:
+            x = b.call(torch.narrow, x, d, start, n * length)
+        x = b.call(torch.unflatten, x, d, (n, length))
+        if d != e:
+            x = b.call(torch.movedim, x, d, e)
+        return [b.method("contiguous", x)]

@@ -1,0 +1,81 @@
+"""unbind_cat: cat(unbind(y, u)[i..j], c) -> y.narrow(u, i, n).movedim(u, c).flatten(c, c + 1), when
+the cat's inputs are consecutive unbind outputs in order (n = j - i + 1; no narrow when all).
+
+WHY: a horizontally fused op returns ``unbind(batched)`` and a model that concatenates the
+per-tower results (``torch.cat(outs, 1)``) then copies n slices one by one. Moving the batch dim
+next to the cat dim and flattening the two is the same layout in one copy (or none, when the
+unbind dim already sits at the cat position), and the unbind and n getitems go away. Declines
+for permuted, repeated or gapped pieces, a tuple used other than through getitems with the cat
+reading pieces of it out of order, and mutated/effectful nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..builder import Builder
+from ..context import RewriteContext
+from ._node_set_rule import Found, NodeSetRule
+from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_layout import layout_safe
+from ._split_cat_util import (
+    all_movable,
+    cat_view,
+    is_graph_output_alias,
+    item_of,
+    tuple_dies_with,
+    unbind_view,
+)
+from .base import Cost
+
+
+class UnbindCat(NodeSetRule):
+    name = "unbind_cat"
+    anchors = frozenset({"cat"})
+
+    def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        cat = cat_view(node, ctx)
+        if cat is None or cat.whole is not None or len(cat.tensors) < 2:
+            return None
+        items = [item_of(t) for t in cat.tensors]
+        if any(it is None for it in items):
+            return None
+        sources = {it[0] for it in items if it is not None}
+        if len(sources) != 1:
+            return None
+        source = sources.pop()
+        unbind = unbind_view(source, ctx)
+        indices = [it[1] for it in items if it is not None]
+        first = indices[0]
+        if (
+            unbind is None
+            or indices != list(range(first, first + len(indices)))
+            or indices[-1] >= unbind.count
+        ):
+            return None
+        if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
+            return None
+        if is_graph_output_alias(node, unbind.input):  # the result may be a view of it
+            return None
+        u, c = unbind.dim, cat.dim
+        partial = len(indices) != unbind.count
+        before = copy_cost(node, ctx)
+        if tuple_dies_with(source, [node]):
+            before = before + VIEW
+        # narrow (partial) + movedim (u != c) are views; flatten copies unless the layout allows a view
+        after = views(int(partial) + int(u != c)) + (
+            Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes) if u != c or partial else VIEW
+        )
+        return Found((node,), before, after, (unbind.input, u, c, first, len(indices), partial))
+
+    def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        y, u, c, first, count, partial = data
+        if partial:
+            y = b.call(torch.narrow, y, u, first, count)
+        if u != c:
+            y = b.call(torch.movedim, y, u, c)
+        return [b.call(torch.flatten, y, c, c + 1)]
