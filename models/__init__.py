@@ -12,10 +12,20 @@ num_tasks, num_features, num_dense_features, num_tables, embedding_dim, params, 
 embedding_bytes, dense_nodes, flops_per_sample, est_train_bytes, config. See docs/models.md.
 """
 
-from models import catalog
+from types import ModuleType
+
 from models.builder import build
 from models.presets import SCALES
 from models.registry import FAMILIES
 from models.types import Batch, Built, RecModel
 
 __all__ = ["FAMILIES", "SCALES", "Batch", "Built", "RecModel", "build", "catalog"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    """`models.catalog` on first use (importing it eagerly breaks `python -m models.catalog`)."""
+    if name == "catalog":
+        import importlib
+
+        return importlib.import_module("models.catalog")
+    raise AttributeError(f"module 'models' has no attribute {name!r}")

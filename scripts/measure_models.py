@@ -26,11 +26,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure_one(family: str, scale: str, steps: int) -> dict[str, Any]:
+def measure_one(family: str, scale: str, steps: int, threads: int, compile_dense: bool) -> dict[str, Any]:
     """Runs in the child process: build, eager train steps, cold compile of the dense arch."""
     import torch
 
     import models
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     torch._inductor.config.fx_graph_cache = False
     start = time.perf_counter()
@@ -50,20 +53,7 @@ def measure_one(family: str, scale: str, steps: int) -> dict[str, Any]:
             step_s.append(time.perf_counter() - t0)
     q = statistics.quantiles(step_s, n=4) if len(step_s) >= 2 else [step_s[0]] * 3
 
-    module.eval()
-    inputs = [b.dense_inputs(batch) for batch in b.batches]
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()  # the build's node-count capture is not a compile
-    compiled = torch.compile(module.dense, fullgraph=True)
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        out = compiled(*inputs[0])
-        compile_s = time.perf_counter() - t0
-        max_err = max(
-            float((compiled(*x) - module.dense(*x)).abs().max()) for x in inputs
-        )  # every batch: different KJT lengths, same dense shapes, no recompile
-    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    return {
+    result: dict[str, Any] = {
         "family": family,
         "scale": scale,
         "status": "ok",
@@ -77,17 +67,34 @@ def measure_one(family: str, scale: str, steps: int) -> dict[str, Any]:
             "q3": 1000 * q[2],
             "samples": [1000 * s for s in step_s],
         },
-        "dense_compile_s": compile_s,
-        "compiled_graphs": frames,
-        "compile_max_abs_err": max_err,
-        "out_shape": list(out.shape),
         "threads": torch.get_num_threads(),
     }
+    if not compile_dense:
+        return result
+    module.eval()
+    inputs = [b.dense_inputs(batch) for batch in b.batches]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # the build's node-count capture is not a compile
+    compiled = torch.compile(module.dense, fullgraph=True)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = compiled(*inputs[0])
+        compile_s = time.perf_counter() - t0
+        max_err = max(
+            float((compiled(*x) - module.dense(*x)).abs().max()) for x in inputs
+        )  # every batch: different KJT lengths, same dense shapes, no recompile
+    result["dense_compile_s"] = compile_s
+    result["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    result["compile_max_abs_err"] = max_err
+    result["out_shape"] = list(out.shape)
+    return result
 
 
-def run_child(family: str, scale: str, steps: int, timeout: float) -> dict[str, Any]:
+def run_child(family: str, scale: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    cmd = [sys.executable, __file__, "--one", family, scale, "--steps", str(steps)]
+    cmd = [sys.executable, __file__, "--one", family, scale, "--steps", str(args.steps)]
+    cmd += ["--threads", str(args.threads)] + (["--no-compile"] if args.no_compile else [])
+    timeout = args.timeout
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -123,10 +130,11 @@ def render(data: dict[str, Any]) -> str:
             )
             continue
         t = c["train_step_ms"]
+        compile_s = f"{c['dense_compile_s']:.1f}" if "dense_compile_s" in c else "not run"
         lines.append(
             f"| {c['family']} | {c['scale']} | {c['params']:,} | {c['dense_nodes']:,} "
-            f"| {t['median']:.1f} [{t['q1']:.1f}, {t['q3']:.1f}] ({len(t['samples'])}) "
-            f"| {c['dense_compile_s']:.1f} | ok |"
+            f"| {t['median']:.1f} [{t['q1']:.1f}, {t['q3']:.1f}] ({len(t['samples'])}, {c['threads']} thr) "
+            f"| {compile_s} | ok |"
         )
     return "\n".join(lines)
 
@@ -138,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=7, help="timed eager train steps (after 2 warm-up)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per (family, scale)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "models" / "measure.json")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the dense compile")
     parser.add_argument("--render", type=Path, help="print a measure.json as a markdown table")
     parser.add_argument("--one", nargs=2, metavar=("FAMILY", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -145,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(render(json.loads(args.render.read_text())))
         return 0
     if args.one:
-        print(json.dumps(measure_one(args.one[0], args.one[1], args.steps)))
+        print(
+            json.dumps(measure_one(args.one[0], args.one[1], args.steps, args.threads, not args.no_compile))
+        )
         return 0
     import torch
 
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     for scale in args.scales:
         for family in args.families:
-            cell = run_child(family, scale, args.steps, args.timeout)
+            cell = run_child(family, scale, args)
             cell["loadavg_after"] = os.getloadavg()
             cells.append(cell)
             print(json.dumps({k: v for k, v in cell.items() if k != "train_step_ms"}), flush=True)

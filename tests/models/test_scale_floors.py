@@ -5,7 +5,10 @@ Marked slow: capturing a 3k-10k node graph takes 5-30 s per family on the CI mac
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,32 @@ def test_docs_table_is_current() -> None:
         assert got is not None, path
         lines = [line.strip() for line in got.group(1).splitlines()]
         assert lines == table.splitlines(), f"{path}: regenerate with python -m models.catalog --write-docs"
+
+
+_TRAIN_XL = """
+import resource, sys, torch, models
+b = models.build(sys.argv[1], "xl", count_nodes=False)
+opt = torch.optim.Adam(b.module.parameters())
+for batch in b.batches[:2]:
+    opt.zero_grad()
+    b.loss(b.module(*batch.inputs), batch.labels).backward()
+    opt.step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, b.meta["est_train_bytes"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_xl_trains_with_adam_within_8_gib(family: str) -> None:
+    """Measured peak RSS of building xl and two Adam steps, in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRAIN_XL, family],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    peak, estimate = map(int, out.stdout.split()[-2:])
+    assert peak < 8 * memory.GIB, peak
+    # The estimate leaves out the torch runtime itself (libraries, allocator slack), hence the 2 GiB.
+    assert peak < estimate + 2 * memory.GIB, (peak, estimate)
