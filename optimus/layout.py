@@ -30,6 +30,10 @@ class ParamLayout(Protocol):
         """Bytes the layout moves per call (for the cost model)."""
         ...
 
+    def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
+        """Kernel launches (view dispatches count a tenth) the layout adds per call."""
+        ...
+
     def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
         """``torch.cat(params, 0)`` (for merging linears that share an input)."""
         ...
@@ -51,12 +55,18 @@ class RuntimeStack:
             base = b.method("t", p) if transpose else p
             return b.method("expand", b.method("unsqueeze", base, 0), len(params), *([-1] * ndim))
         if transpose:
-            stacked = b.call(torch.stack, list(params))
-            return b.method("contiguous", b.method("transpose", stacked, 1, 2))
+            # stack of transposed views: one copy straight into [G, K, N]. (stack + transpose +
+            # contiguous lets Inductor keep the transposed view, and extern baddbmm then copies.)
+            return b.call(torch.stack, [b.method("t", p) for p in params])
         return b.call(torch.stack, list(params))
 
     def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
         return b.call(torch.cat, list(params), 0)
+
+    def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
+        if len({_identity(p) for p in params}) == 1:
+            return 0.2  # unsqueeze + expand views
+        return 1.0 + (0.1 * len(params) if transpose else 0.0)
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
         if len({_identity(p) for p in params}) == 1:

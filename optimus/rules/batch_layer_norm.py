@@ -72,12 +72,14 @@ class BatchLayerNorm(HorizontalRule):
         affine = [canons[0][k] is not None for k in ("weight", "bias")]
         before = Cost(launches=g, bytes=g * 2 * x.nbytes, flops=g * 8.0 * x.numel)
         stack_bytes = ctx.stack_bytes([c["input"] for c in canons])
-        layout_bytes = 0.0
+        layout_bytes = layout_launches = 0.0
         for name, present in zip(("weight", "bias"), affine, strict=True):
             if present:
-                layout_bytes += ctx.layout.bytes_moved([c[name] for c in canons], ctx)
+                params = [c[name] for c in canons]
+                layout_bytes += ctx.layout.bytes_moved(params, ctx)
+                layout_launches += ctx.layout.launches(params) + 0.1  # + reshape view
         after = Cost(
-            launches=1 + (stack_bytes > 0) + (1 if any(affine) else 0) + sum(affine) + 0.5,
+            launches=1 + (stack_bytes > 0) + (1 if any(affine) else 0) + layout_launches + 0.5,
             bytes=g * 2 * x.nbytes * (2 if any(affine) else 1) + stack_bytes + layout_bytes,
             flops=g * 10.0 * x.numel,
         )

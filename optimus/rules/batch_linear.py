@@ -65,11 +65,12 @@ class BatchLinear(HorizontalRule):
         inputs = [c["input"] for c in canons]
         stack_bytes = ctx.stack_bytes(inputs)
         weights = [c["weight"] for c in canons]
-        layout_bytes = 2 * ctx.layout.bytes_moved(weights, ctx)  # stack + contiguous transpose
-        layout_launches = 2 if layout_bytes > 0 else 0
+        layout_bytes = ctx.layout.bytes_moved(weights, ctx)
+        layout_launches = ctx.layout.launches(weights, transpose=True)
         if has_bias:
-            layout_bytes += ctx.layout.bytes_moved([c["bias"] for c in canons], ctx)
-            layout_launches += 1
+            biases = [c["bias"] for c in canons]
+            layout_bytes += ctx.layout.bytes_moved(biases, ctx)
+            layout_launches += ctx.layout.launches(biases) + 0.1  # + unsqueeze view
         after = Cost(
             launches=1 + (stack_bytes > 0) + layout_launches + 0.5,
             bytes=g * one + stack_bytes + layout_bytes,

@@ -32,6 +32,7 @@ def test_32_towers_become_one_batched_op(towers32) -> None:  # type: ignore[no-u
     assert count_calls(gm, F.linear) == 0
     assert count_calls(gm, torch.baddbmm) == 1
     assert count_calls(gm, F.layer_norm) == 1
+    assert count_calls(gm, torch.split) == 0  # the stacked input is a view of x, not a copy of its pieces
     assert rep.nodes_after < rep.nodes_before
     assert_parity(mod, gm, [x])
 
@@ -148,3 +149,40 @@ def test_bad_config_values() -> None:
         "dce",
         "cse",
     } <= set(optimus.RULES)
+
+
+def test_verify_passes_on_a_correct_optimization(towers32) -> None:  # type: ignore[no-untyped-def]
+    mod, x, _ = towers32
+    gm = optimus.optimize(mod, (x,), verify=True)
+    rep = gm.optimus_report
+    assert rep.rolled_back == {}
+    assert rep.rules_fired["batch_linear"] == 1
+    assert_parity(mod, gm, [x])
+
+
+def test_mixed_fused_and_unfused_branches_under_dynamo() -> None:
+    """Towers of two widths plus branches no rule touches: each width is its own group, the
+    other branches stay, all in one Dynamo graph that iterates over split outputs."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wide = nn.ModuleList([nn.Linear(8, 8) for _ in range(8)])
+            self.narrow = nn.ModuleList([nn.Linear(4, 4) for _ in range(8)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = torch.split(x, [64, 32], dim=1)
+            outs = [torch.relu(lin(p)) for lin, p in zip(self.wide, a.split(8, dim=1), strict=True)]
+            outs += [torch.sigmoid(lin(p)) for lin, p in zip(self.narrow, b.chunk(8, dim=1), strict=True)]
+            outs.append(torch.logsumexp(x, dim=1, keepdim=True))  # unknown to the rules
+            return torch.cat(outs, dim=1)
+
+    torch.manual_seed(0)
+    mod, x = Mixed(), torch.randn(5, 96)
+    gm = optimus.optimize(mod, (x,))
+    rep = gm.optimus_report
+    assert rep.capture == "export"
+    assert rep.rules_fired["batch_linear"] == 2
+    assert rep.rules_fired["batch_unary"] == 2
+    assert count_calls(gm, torch.logsumexp) == 1
+    assert_parity(mod, gm, [x])
