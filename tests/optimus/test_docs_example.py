@@ -1,16 +1,16 @@
-"""The first python example of docs/optimus.md runs as written."""
+"""The first python example of the README (using Optimus) runs as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "optimus.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_docs_example_runs() -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert blocks, "no python example in docs/optimus.md"
+    assert blocks, "no python example in README.md"
     namespace: dict = {}
     exec(compile(blocks[0], str(DOC), "exec"), namespace)
     report = namespace["gm"].optimus_report
