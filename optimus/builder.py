@@ -50,7 +50,44 @@ class Builder:
         whole = self.unstacked_source(values, dim)
         if whole is not None:
             return whole
+        split = self.split_source(values, dim)
+        if split is not None:  # equal pieces of X along d: a view of X, no copy, no new pieces
+            x, d, k = split
+            return self.method("movedim", self.method("unflatten", x, d, (len(values), k)), d, 0)
         return self.call(torch.stack, list(values), dim)
+
+    def split_source(self, values: Sequence[fx.Node], dim: int = 0) -> tuple[fx.Node, int, int] | None:
+        """(X, d, k) if ``values`` are all the pieces, in order, of ``split(X, k, d)`` (or chunk)
+        with equal sizes k: then ``stack(values)`` is the view ``X.unflatten(d, (n, k)).movedim(d, 0)``."""
+        if dim != 0 or len(values) < 2:
+            return None
+        first = values[0]
+        if not (first.op == "call_function" and first.target is operator.getitem):
+            return None
+        source = first.args[0]
+        canon = self.ctx.canon(source)
+        if canon is None or canon.op not in ("split", "chunk") or not isinstance(source, fx.Node):
+            return None
+        x = canon["input"]
+        meta = self.ctx.meta(x)
+        d = canon["dim"]
+        if meta is None or not isinstance(d, int) or not -len(meta.shape) <= d < len(meta.shape):
+            return None
+        d %= len(meta.shape)
+        n, total = len(values), meta.shape[d]
+        if total % n:
+            return None
+        k = total // n
+        size = canon["split_size_or_sections"] if canon.op == "split" else None
+        if canon.op == "chunk":
+            if canon["chunks"] != n:
+                return None
+        elif not (size == k or (isinstance(size, (list, tuple)) and list(size) == [k] * n)):
+            return None
+        for i, v in enumerate(values):
+            if not (v.op == "call_function" and v.target is operator.getitem and v.args == (source, i)):
+                return None
+        return x, d, k
 
     def unstacked_source(self, values: Sequence[fx.Node], dim: int = 0) -> fx.Node | None:
         """If ``values`` are ``unbind(X, dim)[0..n-1]`` return X (cost-free stacking)."""

@@ -75,7 +75,9 @@ class RewriteContext:
         """Bytes ``Builder.stack(values)`` moves: 0 if it can reuse an unbound tensor."""
         probe = Builder.__new__(Builder)
         probe.ctx = self
-        if all(isinstance(v, fx.Node) for v in values) and probe.unstacked_source(values) is not None:
+        if all(isinstance(v, fx.Node) for v in values) and (
+            probe.unstacked_source(values) is not None or probe.split_source(values) is not None
+        ):
             return 0.0
         return float(sum(2 * m.nbytes for m in (self.meta(v) for v in values) if m is not None))
 

@@ -115,6 +115,22 @@ def stab_groups(
     """
     spans = {i: interval(it) for i, it in enumerate(items)}
     out: list[tuple[float, list[T]]] = []
+    labels = sorted({own for _, own, _ in spans.values()})
+    # fast path (the usual case): no item can move to another item's label, so the groups are
+    # exactly "same own label", found in one pass.
+    if all(
+        bisect.bisect_right(labels, lo) + 1 == bisect.bisect_left(labels, hi) for lo, _, hi in spans.values()
+    ):
+        by_label: dict[float, list[int]] = {}
+        for i, (_, own, _) in spans.items():
+            by_label.setdefault(own, []).append(i)
+        for label in sorted(by_label, key=lambda lb: (-len(by_label[lb]), lb)):
+            chosen = by_label[label]
+            for start in range(0, len(chosen), max_size):
+                chunk = chosen[start : start + max_size]
+                if len(chunk) >= min_size:
+                    out.append((label, [items[i] for i in chunk]))
+        return out
     while len(spans) >= min_size:
         los = sorted(lo for lo, _, _ in spans.values())
         his = sorted(hi for _, _, hi in spans.values())

@@ -68,8 +68,13 @@ class CommonSubexpression(CleanupRule):
                     continue
             except Exception:
                 continue
-            if canon is not None:
-                key: Hashable = ("canon", canon.op, canon.inplace, _freeze(canon.kwargs))
+            if canon is not None:  # kwargs hold every parameter of the op, in schema order
+                key: Hashable = (
+                    "canon",
+                    canon.op,
+                    canon.inplace,
+                    tuple(_freeze(v) for v in canon.kwargs.values()),
+                )
             else:
                 key = (node.op, _freeze(node.target), _freeze(node.args), _freeze(node.kwargs))
             try:

@@ -32,6 +32,7 @@ def test_32_towers_become_one_batched_op(towers32) -> None:  # type: ignore[no-u
     assert count_calls(gm, F.linear) == 0
     assert count_calls(gm, torch.baddbmm) == 1
     assert count_calls(gm, F.layer_norm) == 1
+    assert count_calls(gm, torch.split) == 0  # the stacked input is a view of x, not a copy of its pieces
     assert rep.nodes_after < rep.nodes_before
     assert_parity(mod, gm, [x])
 
