@@ -1,0 +1,73 @@
+"""Analyse a config without allocating: dense params, activation bytes and FLOPs on the meta device.
+
+Why the meta device: validation must reject a config that would not fit in memory *before*
+anything is allocated, and the catalog lists every preset (xl included) in seconds. Building the
+dense arch on `meta` gives exact parameter counts; one meta forward under a dispatch mode gives
+the bytes of every intermediate and, with FlopCounterMode, the matmul FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.registry import family
+from models.sparse import SparseLayout
+
+
+@dataclass(frozen=True)
+class DenseAnalysis:
+    dense_params: int
+    activation_bytes: int  # sum of all intermediate outputs of one forward at batch_size
+    flops_per_sample: int  # dense matmul FLOPs (forward) + embedding pooling adds
+
+
+class _OutputBytes(TorchDispatchMode):
+    """Sums the bytes of every op output: an upper bound on what autograd keeps for backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, Tensor):
+                self.total += leaf.numel() * leaf.element_size()
+        return out
+
+
+def build_dense_on_meta(family_name: str, cfg: Mapping[str, Any], lay: SparseLayout) -> nn.Module:
+    with torch.device("meta"):
+        return family(family_name).build_dense(cfg, lay)
+
+
+def meta_inputs(cfg: Mapping[str, Any], lay: SparseLayout) -> tuple[Tensor, Tensor]:
+    b = int(cfg["batch_size"])
+    return (
+        torch.empty(b, int(cfg["num_dense_features"]), device="meta"),
+        torch.empty(b, lay.pooled_dim, device="meta"),
+    )
+
+
+def analyse(family_name: str, cfg: Mapping[str, Any], lay: SparseLayout) -> DenseAnalysis:
+    dense = build_dense_on_meta(family_name, cfg, lay)
+    inputs = meta_inputs(cfg, lay)
+    counter = FlopCounterMode(display=False)
+    sizes = _OutputBytes()
+    with torch.no_grad(), counter, sizes:
+        dense(*inputs)
+    b = int(cfg["batch_size"])
+    pooling_adds = int(lay.num_features * float(cfg["pooling_mean"]) * lay.embedding_dim)
+    return DenseAnalysis(
+        dense_params=sum(p.numel() for p in dense.parameters()),
+        activation_bytes=sizes.total,
+        flops_per_sample=counter.get_total_flops() // b + pooling_adds,
+    )
