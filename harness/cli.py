@@ -2,13 +2,22 @@
 
 Why one entry point: nightly CI, asv and people at a terminal all drive the same code, so a
 figure printed by one is the figure measured by the others.
+
+    optimus-bench list | models | run | compare | report | reproduce | nightly
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from importlib import metadata
+from pathlib import Path
+
+from harness.results import ResultsError
+from harness.spec import DEFAULT_PROVIDER, MODES, PHASES, RunConfig, provider_families, provider_scales
+
+RESULTS_DIR = Path("results")
 
 
 def _version() -> str:
@@ -18,14 +27,253 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: str, budget_s: float,
+                     max_iters: int, warmup: int, min_iters: int, timeout_s: float, out: str) -> None:  # fmt: skip
+    p.add_argument("--models", default=models, help="comma list of model families (default: all)")
+    p.add_argument("--scale", default=scale, help=f"model scale preset (default: {scale})")
+    p.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma list of modes (default: all: {','.join(MODES)})"
+    )
+    p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases (default: infer,train)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps per cell (default: {warmup})")
+    p.add_argument(
+        "--min-iters", type=int, default=min_iters, help=f"fewest timed steps (default: {min_iters})"
+    )
+    p.add_argument(
+        "--max-iters", type=int, default=max_iters, help=f"most timed steps (default: {max_iters})"
+    )
+    p.add_argument("--budget-s", type=float, default=budget_s,
+                   help=f"stop timing after this many seconds once min-iters are done (default: {budget_s})")  # fmt: skip
+    p.add_argument(
+        "--timeout-s", type=float, default=timeout_s, help=f"per-cell timeout (default: {timeout_s:g})"
+    )
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch/OpenMP threads per cell; 0 = torch's default (default: 1, steadiest on a shared CPU)")  # fmt: skip
+    p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs eager (absolute)")
+    p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs eager (relative)")
+    p.add_argument("--out", default=out, help=f"results file (default: {out})")
+    p.add_argument("--resume", action="store_true", help="keep cells already in --out and run only the rest")
+    p.add_argument(
+        "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="optimus-bench",
         description="Benchmark and regression harness for the Optimus graph optimizer.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="models, scales, modes, phases and Optimus rules")
+    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+    p = sub.add_parser("models", help="the model catalog: every family at every scale")
+    p.add_argument("--families", help="comma list of families (default: all)")
+    p.add_argument("--scales", help="comma list of scales (default: all)")
+    p.add_argument(
+        "--nodes",
+        action="store_true",
+        help="count dense-graph FX nodes afresh (Dynamo capture, slow at large scales; default: stored counts)",
+    )
+
+    p = sub.add_parser(
+        "run", help="run models x modes x phases, one subprocess per cell, into one results file"
+    )
+    _add_run_options(p, models=None, scale="tiny", budget_s=2.0, max_iters=200, warmup=3, min_iters=5,
+                     timeout_s=900.0, out="results/run.json")  # fmt: skip
+
+    p = sub.add_parser("compare", help="compare two results files; exit 1 on a significant regression")
+    p.add_argument("base")
+    p.add_argument("new")
+    p.add_argument(
+        "--alpha", type=float, default=0.01, help="significance level of Mann-Whitney U (default 0.01)"
+    )
+    p.add_argument(
+        "--latency-threshold", type=float, default=0.05, help="min relative latency change (default 0.05)"
+    )
+    p.add_argument(
+        "--memory-threshold", type=float, default=0.03, help="min relative peak-memory change (default 0.03)"
+    )
+    p.add_argument(
+        "--compile-threshold",
+        type=float,
+        default=0.20,
+        help="min relative compile-time change (default 0.20)",
+    )
+    p.add_argument(
+        "--compile-abs-s", type=float, default=1.0, help="min absolute compile-time change, s (default 1.0)"
+    )
+    p.add_argument("--out", help="also write the markdown table here")
+
+    p = sub.add_parser("report", help="markdown tables and PNG plots of a results file")
+    p.add_argument("results")
+    p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where to write (default: results/)")
+    p.add_argument("--stem", help="file name stem (default: the results file's stem)")
+
+    p = sub.add_parser(
+        "reproduce", help="the paper-style table: whole suite, every mode and phase, plus plots"
+    )
+    _add_run_options(p, models=None, scale="tiny", budget_s=1.0, max_iters=300, warmup=3, min_iters=20,
+                     timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
+    p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
+
+    p = sub.add_parser("nightly", help="nightly regression check (see issue 6)")
     return parser
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    models = args.models or ",".join(provider_families(args.provider))
+    if not models:
+        raise ValueError(f"models: none given and provider {args.provider!r} lists no FAMILIES")
+    return RunConfig(
+        models=models.split(","),
+        scale=args.scale,
+        modes=args.modes.split(","),
+        phases=args.phases.split(","),
+        device=_resolve_device(args.device),
+        seed=args.seed,
+        warmup=args.warmup,
+        min_iters=args.min_iters,
+        max_iters=args.max_iters,
+        budget_s=args.budget_s,
+        timeout_s=args.timeout_s,
+        threads=args.threads,
+        atol=args.atol,
+        rtol=args.rtol,
+        provider=args.provider,
+    ).validate()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    try:
+        families, scales = provider_families(args.provider), provider_scales(args.provider)
+    except ImportError as e:
+        families, scales = (), ()
+        print(f"models: unavailable ({e})")
+    print("models: " + ", ".join(families))
+    print("scales: " + ", ".join(scales))
+    print("modes:  " + ", ".join(MODES))
+    print("phases: " + ", ".join(PHASES))
+    try:
+        import optimus
+
+        print("rules:  " + ", ".join(optimus.RULES))  # type: ignore[attr-defined]
+    except (ImportError, AttributeError) as e:
+        print(f"rules:  unavailable (optimus: {e})")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    import models
+    from harness.spec import parse_list
+
+    families = parse_list(args.families, "families", models.FAMILIES) if args.families else models.FAMILIES
+    scales = parse_list(args.scales, "scales", models.SCALES) if args.scales else models.SCALES
+    rows = models.catalog.rows(nodes=True if args.nodes else None, families=families, scales=scales)
+    print(models.catalog.format_table(rows))
+    return 0
+
+
+def _print_summary(doc: dict, out: str) -> None:
+    counts: dict[str, int] = {}
+    for c in doc["cells"]:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    print(f"wrote {out}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.runner import run_suite
+
+    cfg = _config(args)
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
+    _print_summary(doc, args.out)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness import compare, results
+
+    th = compare.Thresholds(
+        alpha=args.alpha,
+        latency=args.latency_threshold,
+        memory=args.memory_threshold,
+        compile=args.compile_threshold,
+        compile_abs=args.compile_abs_s,
+    )
+    rows = compare.compare_docs(results.load(args.base), results.load(args.new), th)
+    text = compare.format_rows(rows)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 1 if compare.has_regression(rows) else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness import results
+    from harness.report import write_report
+
+    doc = results.load(args.results)
+    for p in write_report(doc, args.out_dir, args.stem or Path(args.results).stem):
+        print(f"wrote {p}")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from harness import paper
+    from harness.report import write_report
+    from harness.runner import run_suite
+
+    cfg = _config(args)
+    t0 = time.perf_counter()
+    n = len(cfg.cells())
+    print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
+          f"at scale {cfg.scale} on {cfg.device}", flush=True)  # fmt: skip
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
+    paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
+    print()
+    print(paper.format_paper_table(paper.paper_rows(doc)))
+    print()
+    _print_summary(doc, args.out)
+    for p in paths:
+        print(f"wrote {p}")
+    print(f"reproduce took {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    print(
+        "optimus-bench nightly: not yet implemented here (issue 6 builds it on run + compare)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "models": cmd_models,
+    "run": cmd_run,
+    "compare": cmd_compare,
+    "report": cmd_report,
+    "reproduce": cmd_reproduce,
+    "nightly": cmd_nightly,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +282,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return 0
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, ResultsError) as e:
+        print(f"optimus-bench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"optimus-bench {args.command}: interrupted; finished cells are saved (use --resume)",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,158 @@
+"""Compare two results files cell by cell: latency, peak memory, compile time, status.
+
+Why both a test and a threshold: with hundreds of samples a 1% change is "significant"
+but irrelevant, and with few noisy samples a 15% jump can be chance. A latency change is
+a regression only if Mann-Whitney U rejects "same distribution" (p < alpha) AND the median
+moved by more than the minimum effect. Peak memory and compile time are single numbers
+per cell, so they are judged by thresholds (relative and absolute) alone. A cell that was
+ok and is now failed/timeout/mismatch is always a regression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness.results import cell_map
+from harness.stats import bootstrap_median_ratio, mann_whitney_u
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    alpha: float = 0.01  # significance level of the latency test
+    latency: float = 0.05  # minimum relative change of the median latency
+    memory: float = 0.03  # relative change of peak memory
+    memory_abs: int = 64 * 1024  # and at least this many bytes
+    compile: float = 0.20  # relative change of compile time
+    compile_abs: float = 1.0  # and at least this many seconds
+
+    def validate(self) -> Thresholds:
+        for name, v in asdict(self).items():
+            if v < 0:
+                raise ValueError(f"{name}: threshold must be >= 0, got {v}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha: must be in (0, 1), got {self.alpha}")
+        return self
+
+
+@dataclass
+class Row:
+    cell: str
+    metric: str  # latency_ms | peak_mem_bytes | compile_s | status
+    base: Any
+    new: Any
+    change: float | None  # relative change new/base - 1
+    verdict: str  # regression | improvement | no change | missing
+    p_value: float | None = None
+    ci: tuple[float, float] | None = None  # bootstrap CI of the median ratio
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rel(base: float, new: float) -> float | None:
+    return None if base == 0 else new / base - 1.0
+
+
+def compare_latency(
+    base: list[float], new: list[float], th: Thresholds
+) -> tuple[str, float, float, tuple[float, float]]:
+    """Verdict, relative median change, p-value and CI for two latency sample sets."""
+    import numpy as np
+
+    mb, mn = float(np.median(base)), float(np.median(new))
+    change = mn / mb - 1.0 if mb > 0 else 0.0
+    _, p = mann_whitney_u(base, new)
+    ci = bootstrap_median_ratio(base, new)
+    verdict = "no change"
+    if p < th.alpha and abs(change) > th.latency:
+        verdict = "regression" if change > 0 else "improvement"
+    return verdict, change, p, ci
+
+
+def _scalar(base: float, new: float, rel: float, abs_min: float) -> tuple[str, float | None]:
+    change = _rel(base, new)
+    diff = new - base
+    if abs(diff) <= abs_min or change is None or abs(change) <= rel:
+        return "no change", change
+    return ("regression" if diff > 0 else "improvement"), change
+
+
+def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | None = None) -> list[Row]:
+    """All comparison rows for cells of ``base`` (missing in ``new`` -> a 'missing' row)."""
+    th = (th or Thresholds()).validate()
+    rows: list[Row] = []
+    new_cells = cell_map(new)
+    for key, b in cell_map(base).items():
+        label = key.label()
+        n = new_cells.get(key)
+        if n is None:
+            rows.append(Row(label, "status", b["status"], None, None, "missing"))
+            continue
+        if b["status"] != n["status"]:
+            verdict = (
+                "regression"
+                if b["status"] == "ok"
+                else ("improvement" if n["status"] == "ok" else "no change")
+            )
+            rows.append(Row(label, "status", b["status"], n["status"], None, verdict))
+        if b["status"] != "ok" or n["status"] != "ok":
+            continue
+        verdict, change, p, ci = compare_latency(b["latency_ms"]["samples"], n["latency_ms"]["samples"], th)
+        rows.append(
+            Row(
+                label,
+                "latency_ms",
+                b["latency_ms"]["median"],
+                n["latency_ms"]["median"],
+                change,
+                verdict,
+                p,
+                ci,
+            )
+        )
+        if b.get("peak_mem_bytes") is not None and n.get("peak_mem_bytes") is not None:
+            v, c = _scalar(b["peak_mem_bytes"], n["peak_mem_bytes"], th.memory, th.memory_abs)
+            rows.append(Row(label, "peak_mem_bytes", b["peak_mem_bytes"], n["peak_mem_bytes"], c, v))
+        if b.get("compile_s") is not None and n.get("compile_s") is not None:
+            v, c = _scalar(b["compile_s"], n["compile_s"], th.compile, th.compile_abs)
+            rows.append(Row(label, "compile_s", b["compile_s"], n["compile_s"], c, v))
+    return rows
+
+
+def has_regression(rows: list[Row]) -> bool:
+    return any(r.verdict == "regression" for r in rows)
+
+
+def _fmt(metric: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if metric == "latency_ms":
+        return f"{v:.3f} ms"
+    if metric == "peak_mem_bytes":
+        return f"{v / 2**20:.2f} MiB"
+    if metric == "compile_s":
+        return f"{v:.2f} s"
+    return str(v)
+
+
+def format_rows(rows: list[Row]) -> str:
+    """Markdown table of the comparison, regressions first."""
+    order = {"regression": 0, "missing": 1, "improvement": 2, "no change": 3}
+    lines = [
+        "| cell | metric | base | new | change | p (MWU) | 95% CI new/base | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(rows, key=lambda r: (order.get(r.verdict, 9), r.cell, r.metric)):
+        change = f"{r.change * 100:+.1f}%" if r.change is not None else "-"
+        p = f"{r.p_value:.2g}" if r.p_value is not None else "-"
+        ci = f"{r.ci[0]:.3f}-{r.ci[1]:.3f}" if r.ci is not None else "-"
+        verdict = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
+        lines.append(
+            f"| {r.cell} | {r.metric} | {_fmt(r.metric, r.base)} | {_fmt(r.metric, r.new)} | {change} | {p} | {ci} | {verdict} |"
+        )
+    n_reg = sum(r.verdict == "regression" for r in rows)
+    n_imp = sum(r.verdict == "improvement" for r in rows)
+    lines.append("")
+    lines.append(f"{n_reg} regression(s), {n_imp} improvement(s), {len(rows)} comparison(s).")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""Measurement primitives: latency samples, their summary, peak memory.
+
+Why separate functions: the harness cells, the asv suite (benchmarks/) and the nightly job
+all measure with exactly this code, so their figures agree. Nothing here knows about
+models or modes; each takes a zero-argument ``step`` callable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+
+def time_iterations(
+    step: Callable[[], object],
+    *,
+    warmup: int = 3,
+    min_iters: int = 5,
+    max_iters: int = 200,
+    budget_s: float = 2.0,
+    device: str = "cpu",
+) -> list[float]:
+    """Run ``step`` ``warmup`` times untimed, then time it until the budget is spent.
+
+    Stops after ``max_iters`` samples, or once at least ``min_iters`` samples were taken and
+    ``budget_s`` seconds of timed iterations have passed. Returns per-iteration milliseconds.
+    On CUDA each iteration is bracketed by CUDA events and synchronized, so the sample is GPU
+    time of the step, not the time to enqueue it.
+    """
+    if min_iters < 1 or max_iters < min_iters:
+        raise ValueError(f"need 1 <= min_iters <= max_iters, got min_iters={min_iters} max_iters={max_iters}")
+    import torch
+
+    cuda = device == "cuda"
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < max_iters:
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            step()
+            end.record()
+            end.synchronize()
+            samples.append(float(begin.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            step()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        if len(samples) >= min_iters and time.perf_counter() - start >= budget_s:
+            break
+    return samples
+
+
+def summarize(samples: Iterable[float]) -> dict[str, Any]:
+    """Median, quartiles and interquartile range of raw samples (samples kept verbatim)."""
+    xs = [float(s) for s in samples]
+    if not xs:
+        raise ValueError("samples: empty; need at least one timing sample")
+    q1, med, q3 = (float(v) for v in np.percentile(xs, [25, 50, 75]))
+    return {"median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "n": len(xs), "samples": xs}
+
+
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and shared weights counted once)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def cpu_step_peak_bytes(step: Callable[[], object]) -> int:
+    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU).
+
+    Method: torch.profiler with ``profile_memory=True`` records every allocation and free of
+    PyTorch's CPU allocator (eager ops, autograd, Inductor's generated C++ buffers); the
+    running sum of those events in time order gives the step's own peak. It ignores Python
+    objects, the allocator's cached pages and everything allocated before the step, so it is
+    isolated from compile-time garbage and from other cells. Noise: the allocation sequence
+    of a fixed-shape step is deterministic, so repeated measurements agree to the byte
+    (tested); what it misses is memory outside the torch allocator (e.g. oneDNN scratch).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = step()
+        del out
+    try:
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+        deltas = sorted(((e.start_ns(), e.nbytes()) for e in events), key=lambda p: p[0])
+    except AttributeError as e:  # private profiler API moved
+        raise RuntimeError(f"cannot read allocator events from torch.profiler: {e}") from e
+    cur = peak = 0
+    for _, nbytes in deltas:
+        cur += nbytes
+        peak = max(peak, cur)
+    return peak
+
+
+def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:
+    """(bytes allocated at start, torch.cuda.max_memory_allocated during ``step``)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    out = step()
+    del out
+    torch.cuda.synchronize()
+    return start, torch.cuda.max_memory_allocated()
+
+
+def step_peak_memory(
+    step: Callable[[], object], device: str, static_tensors: Iterable[Any]
+) -> dict[str, Any]:
+    """Peak memory of one step, in one shape for both devices.
+
+    CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (everything live on the
+    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers,
+    gradients, optimizer state) + the step's own allocation peak (``cpu_step_peak_bytes``).
+    """
+    if device == "cuda":
+        start, peak = cuda_step_peak_bytes(step)
+        return {
+            "peak_mem_bytes": int(peak),
+            "peak_mem_static_bytes": int(start),
+            "peak_mem_step_bytes": int(peak - start),
+            "peak_mem_method": "cuda.max_memory_allocated",
+        }
+    static = storage_bytes(static_tensors)
+    try:
+        delta = cpu_step_peak_bytes(step)
+    except RuntimeError as e:  # a missing figure, not a failed cell
+        return {
+            "peak_mem_bytes": None,
+            "peak_mem_static_bytes": int(static),
+            "peak_mem_method": f"unavailable: {e}",
+        }
+    return {
+        "peak_mem_bytes": int(static + delta),
+        "peak_mem_static_bytes": int(static),
+        "peak_mem_step_bytes": int(delta),
+        "peak_mem_method": "static tensors + torch.profiler allocator peak",
+    }

@@ -1,0 +1,149 @@
+"""Turn a model's dense arch into what one mode runs, and set compile caches off.
+
+Why here and nowhere else: each mode is one way of handing ``b.module.dense`` to a
+compiler; the EmbeddingBagCollection always stays eager. Keeping that choice in one
+function means the harness, asv and nightly compare exactly the same configurations.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.spec import MODES
+
+CACHE_ENV = {
+    # Compile time is measured with every compile cache off (the caller also points
+    # TORCHINDUCTOR_CACHE_DIR at a fresh directory, so not even compiled C++ is reused).
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0",
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
+}
+
+
+def disable_compile_caches() -> None:
+    """Switch the FX graph cache, AOT autograd cache and the rest off in this process."""
+    for k, v in CACHE_ENV.items():
+        os.environ.setdefault(k, v)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    import torch.compiler.config as compiler_config
+
+    compiler_config.force_disable_caches = True
+    inductor_config.fx_graph_cache = False
+    inductor_config.autotune_local_cache = False
+    functorch_config.enable_autograd_cache = False
+
+
+def peer_fusion_options() -> dict[str, dict[str, Any]]:
+    """Every pre-grad fusion and split/cat pattern of the installed Inductor, default options.
+
+    Read at run time (not hard-coded) so the peer is whatever this torch ships; the keys are
+    recorded in the results file.
+    """
+    from torch._inductor.fx_passes import group_batch_fusion, split_cat
+
+    keys = list(group_batch_fusion.PRE_GRAD_FUSIONS) + list(split_cat.PRE_GRAD_PATTERNS)
+    return {k: {} for k in keys}
+
+
+@dataclass
+class Prepared:
+    """The dense arch as the mode runs it, and what preparing it cost before the first call."""
+
+    module: Any
+    prepare_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _optimus() -> Any:
+    try:
+        import optimus
+    except ImportError as e:  # the core is built on another branch; say so instead of crashing
+        raise RuntimeError(f"this mode needs the optimus package, which is not importable: {e}") from e
+    if not hasattr(optimus, "optimize"):
+        raise RuntimeError("this mode needs optimus.optimize, which this checkout's optimus package lacks")
+    return optimus
+
+
+def report_fields(report: Any) -> dict[str, Any]:
+    """Pick the figures the harness records from an ``optimus_report``."""
+    if report is None:
+        return {}
+    d = report.as_dict() if hasattr(report, "as_dict") else dict(vars(report))
+    return {
+        "optimus_s": d.get("seconds"),
+        "nodes_before": d.get("nodes_before"),
+        "nodes_after": d.get("nodes_after"),
+        "rules_fired": d.get("rules_fired"),
+        "stop_reason": d.get("stop_reason"),
+    }
+
+
+def optimus_reports() -> list[Any]:
+    """Reports of graphs the optimus backend optimized so far in this process (empty if none)."""
+    import importlib
+    import sys
+
+    if "optimus" not in sys.modules:
+        return []
+    try:
+        return list(importlib.import_module("optimus.backend").LAST_REPORTS)
+    except (ImportError, AttributeError):
+        return []
+
+
+def merge_reports(reports: list[Any]) -> dict[str, Any]:
+    """Sum the per-graph reports of one torch.compile (several graphs if it recompiled)."""
+    if not reports:
+        return {}
+    fields = [report_fields(r) for r in reports]
+    fired: dict[str, int] = {}
+    for f in fields:
+        for k, v in (f.get("rules_fired") or {}).items():
+            fired[k] = fired.get(k, 0) + v
+    return {
+        "optimus_s": sum(f.get("optimus_s") or 0.0 for f in fields),
+        "nodes_before": sum(f.get("nodes_before") or 0 for f in fields),
+        "nodes_after": sum(f.get("nodes_after") or 0 for f in fields),
+        "rules_fired": fired,
+        "stop_reason": ",".join(sorted({str(f.get("stop_reason")) for f in fields})),
+        "optimus_graphs": len(reports),
+    }
+
+
+def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    """Return the module that ``mode`` runs in place of ``dense``.
+
+    Compiling is lazy (first call); ``prepare_s`` counts only work done here
+    (``optimus.optimize`` for eager+optimus).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: unknown {mode!r}; allowed values: {', '.join(MODES)}")
+    import torch
+
+    if mode == "eager":
+        return Prepared(dense)
+    if mode == "eager+optimus":
+        optimus = _optimus()
+        t0 = time.perf_counter()
+        gm = optimus.optimize(dense, tuple(example_inputs))
+        dt = time.perf_counter() - t0
+        return Prepared(gm, dt, report_fields(getattr(gm, "optimus_report", None)))
+    import torch._inductor.config as inductor_config
+
+    if mode == "compile":
+        return Prepared(torch.compile(dense, fullgraph=True, dynamic=False))
+    if mode == "compile+peer":
+        options = peer_fusion_options()
+        inductor_config.pre_grad_fusion_options = options
+        return Prepared(
+            torch.compile(dense, fullgraph=True, dynamic=False), info={"peer_options": sorted(options)}
+        )
+    optimus = _optimus()  # compile+optimus; importing optimus registers the backend
+    return Prepared(torch.compile(dense, backend="optimus", fullgraph=True, dynamic=False))

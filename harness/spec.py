@@ -1,0 +1,142 @@
+"""What a benchmark run is made of: modes, phases, cells and the run configuration.
+
+Why one module: the CLI, the cell subprocess, the results validator and the asv suite all
+need the same names and the same validation, and a typo must fail with the allowed values
+instead of silently producing an empty run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODES: tuple[str, ...] = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
+PHASES: tuple[str, ...] = ("infer", "train")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch")
+DEFAULT_PROVIDER = "models:build"
+SCALES_FALLBACK: tuple[str, ...] = ("tiny", "small", "medium", "large", "xl")
+
+
+def parse_list(
+    text: str | list[str] | tuple[str, ...], field_name: str, allowed: tuple[str, ...]
+) -> list[str]:
+    """Split a comma list (or take a list), check every item against ``allowed``, keep order."""
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s) for s in text]
+    items = [s for s in items if s]
+    if not items:
+        raise ValueError(f"{field_name}: empty; allowed values: {', '.join(allowed)}")
+    bad = [s for s in items if s not in allowed]
+    if bad:
+        raise ValueError(
+            f"{field_name}: unknown {', '.join(map(repr, bad))}; allowed values: {', '.join(allowed)}"
+        )
+    seen: list[str] = []
+    for s in items:
+        if s not in seen:
+            seen.append(s)
+    return seen
+
+
+def provider_module(provider: str) -> Any:
+    """Import the module half of a ``module:function`` provider string."""
+    if ":" not in provider:
+        raise ValueError(f"provider: expected 'module:function', got {provider!r}")
+    return importlib.import_module(provider.split(":", 1)[0])
+
+
+def load_provider(provider: str) -> Any:
+    """Return the model builder named by ``module:function`` (default ``models:build``).
+
+    Why injectable: the harness is tested against small stand-in models (including ones
+    that crash or hang on purpose), and cells run in subprocesses, so the builder travels
+    by name, not by object.
+    """
+    mod = provider_module(provider)
+    name = provider.split(":", 1)[1]
+    fn = getattr(mod, name, None)
+    if fn is None:
+        raise ValueError(f"provider: module {mod.__name__!r} has no attribute {name!r}")
+    return fn
+
+
+def provider_families(provider: str) -> tuple[str, ...]:
+    return tuple(getattr(provider_module(provider), "FAMILIES", ()))
+
+
+def provider_scales(provider: str) -> tuple[str, ...]:
+    return tuple(getattr(provider_module(provider), "SCALES", SCALES_FALLBACK))
+
+
+@dataclass
+class RunConfig:
+    """Everything that decides which cells run and how they are measured."""
+
+    models: list[str]
+    scale: str = "tiny"
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    phases: list[str] = field(default_factory=lambda: list(PHASES))
+    device: str = "cpu"
+    seed: int = 0
+    warmup: int = 3
+    min_iters: int = 5
+    max_iters: int = 200
+    budget_s: float = 2.0
+    timeout_s: float = 600.0
+    threads: int = 1  # torch intra-op (and OpenMP) threads per cell; 0: leave torch's default
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    provider: str = DEFAULT_PROVIDER
+
+    def validate(self, check_models: bool = True) -> RunConfig:
+        """Check every field; raise ValueError naming the field and the allowed values."""
+        self.modes = parse_list(self.modes, "modes", MODES)
+        self.phases = parse_list(self.phases, "phases", PHASES)
+        if self.device not in DEVICES:
+            raise ValueError(f"device: unknown {self.device!r}; allowed values: {', '.join(DEVICES)}")
+        for name in ("warmup", "min_iters", "max_iters", "threads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
+        if self.min_iters < 1:
+            raise ValueError(f"min_iters: must be >= 1, got {self.min_iters}")
+        if self.max_iters < self.min_iters:
+            raise ValueError(f"max_iters: must be >= min_iters ({self.min_iters}), got {self.max_iters}")
+        for name in ("budget_s", "timeout_s", "atol", "rtol"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or v < 0:
+                raise ValueError(f"{name}: must be a number >= 0, got {v!r}")
+        if check_models:
+            families = provider_families(self.provider)
+            self.models = parse_list(self.models, "models", families) if families else list(self.models)
+            scales = provider_scales(self.provider)
+            if self.scale not in scales:
+                raise ValueError(f"scale: unknown {self.scale!r}; allowed values: {', '.join(scales)}")
+        return self
+
+    def cells(self) -> list[CellKey]:
+        """Cells in run order: per model and phase, all modes back to back (less drift between them)."""
+        return [
+            CellKey(m, self.scale, mode, ph) for m in self.models for ph in self.phases for mode in self.modes
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """Identity of one cell; a results file holds at most one cell per key."""
+
+    model: str
+    scale: str
+    mode: str
+    phase: str
+
+    @staticmethod
+    def of(cell: dict[str, Any]) -> CellKey:
+        return CellKey(cell["model"], cell["scale"], cell["mode"], cell["phase"])
+
+    def label(self) -> str:
+        return f"{self.model}/{self.scale}/{self.mode}/{self.phase}"
