@@ -69,6 +69,8 @@ class _Group:
     kind: _Kind
     views: Callable[[torch.Tensor], list[torch.Tensor]]
     grad_buf: torch.Tensor | None = None
+    base_ptr: int = 0
+    member_ptrs: list[int] = field(default_factory=list)
     grad_views: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -90,8 +92,10 @@ def _make_stacked(members: Sequence[nn.Parameter], kind: _Kind) -> torch.Tensor:
 
 
 def _still_views(group: _Group) -> bool:
-    base = group.stacked.untyped_storage().data_ptr()
-    return all(p.untyped_storage().data_ptr() == base for p in group.members)
+    """Every member still points where it was placed in the stacked storage (cheap: data_ptr)."""
+    if group.stacked.data_ptr() != group.base_ptr:
+        return False
+    return all(p.data_ptr() == e for p, e in zip(group.members, group.member_ptrs, strict=True))
 
 
 def _install_grad_hooks(group: _Group) -> None:
@@ -253,6 +257,8 @@ class RelayoutParams:
         for i, (p, view) in enumerate(zip(members, group.views(stacked.data), strict=True)):
             p.data = view  # same Parameter object (optimizers, hooks keep working), new storage
             setattr(p, GROUP_ATTR, (group, i))
+        group.base_ptr = stacked.data_ptr()
+        group.member_ptrs = [p.data_ptr() for p in members]
         if stacked.requires_grad:
             _install_grad_hooks(group)
         # keep the group alive as long as its stacked parameter is
