@@ -26,6 +26,12 @@ parameters as graph inputs or as another module's attributes: re-pointing them t
 re-laid-out group in a different order; the parameters differ in dtype, device, shape or
 ``requires_grad``.
 
+Why opt-in, not the default: ``torch.autograd.grad(loss, model.parameters())`` (and torch.func
+transforms) differentiate w.r.t. the original parameter objects, which are no longer in the
+autograd graph (the stacked parameter is): they get ``None``. Only ``.backward()``-style training
+sees the gradients (through the hooks). The core's parity helper uses ``autograd.grad`` and fails
+with this layout as the default, so a default switch would silently change that API's results.
+
 Caveats (documented, checked where cheap): convert the model (``.to(device)``, ``.half()``) BEFORE
 ``optimize()``: ``Module._apply`` replaces ``param.data`` and would cut the views loose; the backward
 hook raises a ``RuntimeError`` saying so if it finds a parameter no longer a view of its storage.
