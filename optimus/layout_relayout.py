@@ -39,9 +39,12 @@ hook raises a ``RuntimeError`` saying so if it finds a parameter no longer a vie
 
 from __future__ import annotations
 
+import operator
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,7 +104,11 @@ def _still_views(group: _Group) -> bool:
     """Every member still points where it was placed in the stacked storage (cheap: data_ptr)."""
     if group.stacked.data_ptr() != group.base_ptr:
         return False
-    return all(p.data_ptr() == e for p, e in zip(group.members, group.member_ptrs, strict=True))
+    return list(map(_DATA_PTR, group.members)) == group.member_ptrs  # C-level loops: G is large
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+_GRAD = operator.attrgetter("grad")
 
 
 def _install_grad_hooks(group: _Group) -> None:
@@ -125,25 +132,23 @@ def _install_grad_hooks(group: _Group) -> None:
                 "call optimus.optimize again"
             )
         buf = g.grad_buf
+        bound = True
         if buf is None or buf.dtype != w.dtype or buf.device != w.device:
             buf = torch.zeros_like(w, memory_format=torch.contiguous_format)
             g.grad_buf, g.grad_views = buf, g.views(buf)
             bound = False
-        else:
-            bound = all(p.grad is v for p, v in zip(g.members, g.grad_views, strict=True))
-        if not bound:
+        current = list(map(_GRAD, g.members))
+        if not (bound and all(map(operator.is_, current, g.grad_views))):
             with torch.no_grad():
-                current = [p.grad for p in g.members]
-                if all(c is None for c in current):
-                    buf.zero_()
+                if all(map(operator.is_, current, repeat(None))):
+                    buf.zero_()  # the common case: zero_grad(set_to_none=True) cleared them all
                 else:
                     for c, v in zip(current, g.grad_views, strict=True):
                         if c is None:
                             v.zero_()
                         elif c is not v:
                             v.copy_(c)
-            for p, v in zip(g.members, g.grad_views, strict=True):
-                p.grad = v
+            deque(map(setattr, g.members, repeat("grad"), g.grad_views), maxlen=0)
         w.grad = buf
         return grad
 
