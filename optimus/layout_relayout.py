@@ -284,6 +284,11 @@ class RelayoutParams:
         node = self._get(params, b, _Kind("cat"))
         return node if node is not None else self.fallback.concatenated(params, b)
 
+    def concatenation_is_free(self, weights: Sequence[fx.Node]) -> bool:
+        """Whether ``concatenated`` of these weights (and so of their biases, which follow them
+        into a group the same way) is a ``get_attr`` (asked by merge_shared_linear's cost)."""
+        return self._members(weights, _Kind("cat")) is not None
+
     def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
         if self._members(params, _Kind("stack", transpose)) is not None:
             return 0.0  # a get_attr: nothing runs

@@ -217,3 +217,38 @@ def test_dynamo_sees_a_plain_parameter_training() -> None:
         ref(x).pow(2).sum().backward()
         for got, exp in zip(grads(model), grads(ref), strict=True):
             torch.testing.assert_close(got, exp)
+
+
+class SharedInput(nn.Module):
+    """Linears of different widths reading one tensor: merge_shared_linear concatenates them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(6, n) for n in (3, 5, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(h(x)) for h in self.heads], 1)
+
+
+def test_concatenated_layout_for_shared_input_linears() -> None:
+    torch.manual_seed(6)
+    model, x = SharedInput(), torch.randn(5, 6)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x, rules=("merge_shared_linear",))
+    assert gm.optimus_report.rules_fired.get("merge_shared_linear") == 1
+    weights = [p for n, p in gm.named_parameters() if n.startswith(PREFIX) and p.dim() == 2]
+    assert len(weights) == 1 and weights[0].shape == (12, 6)
+    assert not [n for n in gm.graph.nodes if n.target is torch.cat and n.args[0][0].op == "get_attr"]
+    sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5) for m in (model, ref))
+    for _ in range(2):
+        sgd.zero_grad()
+        sgd_ref.zero_grad()
+        out, want = gm(x), ref(x)
+        torch.testing.assert_close(out, want)
+        out.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        for got, exp in zip(grads(model), grads(ref), strict=True):
+            torch.testing.assert_close(got, exp)
+        sgd.step()
+        sgd_ref.step()
+    torch.testing.assert_close(gm(x), ref(x))
