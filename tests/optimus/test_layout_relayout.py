@@ -252,3 +252,25 @@ def test_concatenated_layout_for_shared_input_linears() -> None:
         sgd.step()
         sgd_ref.step()
     torch.testing.assert_close(gm(x), ref(x))
+
+
+def test_towers_linear_and_layer_norm_params_relaid_out_train_like_unfused() -> None:
+    from optimus_models import SlicedTowers
+
+    torch.manual_seed(7)
+    model, x = SlicedTowers(8, 4, 5), torch.randn(3, 32)
+    ref = copy.deepcopy(model)
+    gm = optimus.optimize(fx.symbolic_trace(model), (x,), config=relayout_config())
+    assert {"batch_linear", "batch_layer_norm"} <= set(gm.optimus_report.rules_fired)
+    assert len(stacked_names(gm)) == 4  # linear weight and bias, layer-norm weight and bias
+    sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    for _ in range(2):
+        sgd.zero_grad()
+        sgd_ref.zero_grad()
+        gm(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for got, exp in zip(grads(model), grads(ref), strict=True):
+            torch.testing.assert_close(got, exp)
+        sgd.step()
+        sgd_ref.step()
+    torch.testing.assert_close(gm(x), ref(x))
