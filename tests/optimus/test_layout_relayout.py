@@ -274,3 +274,24 @@ def test_towers_linear_and_layer_norm_params_relaid_out_train_like_unfused() -> 
         sgd.step()
         sgd_ref.step()
     torch.testing.assert_close(gm(x), ref(x))
+
+
+@pytest.mark.compile
+@pytest.mark.slow  # one Inductor compile of fwd+bwd: ~30-90 s on the shared 2-core machine
+def test_inductor_compiles_the_relaid_out_graph_training() -> None:
+    torch.manual_seed(8)
+    model, x = Linears(g=3, k=2, n=2), torch.randn(3, 2, 2)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    assert stacked_names(gm)
+    torch._dynamo.reset()
+    compiled = torch.compile(gm, backend="inductor")
+    for _ in range(2):
+        for m in (model, ref):
+            m.zero_grad()
+        out, want = compiled(x), ref(x)
+        torch.testing.assert_close(out, want)
+        out.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        for got, exp in zip(grads(model), grads(ref), strict=True):
+            torch.testing.assert_close(got, exp)
