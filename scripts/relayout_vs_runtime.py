@@ -73,7 +73,9 @@ def main() -> None:
         f"towers={args.towers} width={args.width} batch={args.batch} threads={args.threads} "
         f"rounds={args.rounds}x{args.iters} torch={torch.__version__} loadavg(start)={load:.2f}"
     )
-    print(f"rules fired: runtime {runtime.optimus_report.rules_fired} relayout {relayout.optimus_report.rules_fired}")
+    print(
+        f"rules fired: runtime {runtime.optimus_report.rules_fired} relayout {relayout.optimus_report.rules_fired}"
+    )
     print("| phase | variant | median us | IQR us | vs eager |")
     print("| --- | --- | --- | --- | --- |")
     for phase in ("infer", "train"):
@@ -94,7 +96,9 @@ def main() -> None:
         want = eager(x)
         for k, (m, p) in models.items():
             err = (m(x) - want).abs().max().item()
-            perr = max((a - b).abs().max().item() for a, b in zip(p.parameters(), eager.parameters(), strict=True))
+            perr = max(
+                (a - b).abs().max().item() for a, b in zip(p.parameters(), eager.parameters(), strict=True)
+            )
             print(f"{k}: max abs err output {err:.1e}, parameters after training {perr:.1e}")
             if err > 1e-3 or perr > 1e-3:
                 raise SystemExit(f"{k} diverged from eager")
