@@ -145,5 +145,16 @@ def _optimize_subgraphs(
         return sub.forward
 
     compiled = torch.compile(module, backend=backend, dynamic=False)
-    compiled(*inputs)  # compile now (grad mode on: the training graph is the common one)
+    try:
+        compiled(*inputs)  # compile now (grad mode on: the training graph is the common one)
+    except Exception as exc:  # Dynamo cannot run this model at all: hand back the model itself
+        log.warning(
+            "optimus: Dynamo could not capture %s (%s: %s); returned unchanged",
+            type(module).__name__,
+            type(exc).__name__,
+            exc,
+        )
+        unchanged = OptimusReport(capture="none", stop_reason="unchanged", graphs=0)
+        unchanged.notes.append(f"unchanged: Dynamo could not capture the model ({type(exc).__name__}: {exc})")
+        return capture.wrap_compiled(module, len(inputs)), unchanged
     return capture.wrap_compiled(compiled, len(inputs)), total

@@ -157,6 +157,15 @@ def run(
             stop = "saturated"
             break
     gm.recompile()
+    if not report.rules_fired:
+        if report.declined:
+            report.notes.append(
+                f"unchanged: the cost model rated every candidate no faster ({report.declined})"
+            )
+        elif report.rolled_back:
+            report.notes.append(f"unchanged: every rewrite was rolled back ({report.rolled_back})")
+        else:
+            report.notes.append("unchanged: no rule found a candidate in this graph")
     report.nodes_after = len(graph.nodes)
     report.stop_reason = stop
     report.seconds = time.perf_counter() - start

@@ -106,3 +106,24 @@ def test_time_per_node_grows_less_than_2x_from_1k_to_20k() -> None:
         f"time per node: 1k {per_node[1000] * 1e6:.1f} us, 20k {per_node[20000] * 1e6:.1f} us, ratio {ratio:.2f}"
     )
     assert ratio < 2.0
+
+
+def _wall_and_cpu(sizes: tuple[int, ...] = (1000, 5000, 10000, 20000), rounds: int = 3) -> None:
+    """Median wall and CPU (process) time per size. On a shared machine CPU time is the figure
+    that does not depend on what else runs."""
+    for nodes in sizes:
+        gm, _ = build(nodes)
+        wall, cpu = [], []
+        for _ in range(rounds):
+            copy = copy_graph_module(gm)
+            w, c = time.perf_counter(), time.process_time()
+            optimus.optimize_graph_module(copy, optimus.OptimusConfig())
+            wall.append(time.perf_counter() - w)
+            cpu.append(time.process_time() - c)
+        n = len(gm.graph.nodes)
+        w_med, c_med = sorted(wall)[rounds // 2], sorted(cpu)[rounds // 2]
+        print(f"{n} nodes: wall {w_med:.2f} s, cpu {c_med:.2f} s, cpu per node {c_med / n * 1e6:.0f} us")
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/benchmarks/test_optimizer_speed.py
+    _wall_and_cpu()

@@ -186,3 +186,28 @@ def test_mixed_fused_and_unfused_branches_under_dynamo() -> None:
     assert rep.rules_fired["batch_unary"] == 2
     assert count_calls(gm, torch.logsumexp) == 1
     assert_parity(mod, gm, [x])
+
+
+def test_a_model_dynamo_cannot_run_comes_back_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If neither export nor torch.compile can capture the model, optimize() still returns a
+    GraphModule that runs it, with the reason in the report (it never raises for the model)."""
+    import optimus.api as api
+    import optimus.capture as capture
+
+    def no_export(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("export unavailable")
+
+    def failing_compile(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            raise RuntimeError("dynamo unavailable")
+
+        return run
+
+    monkeypatch.setattr(capture, "export", no_export)
+    monkeypatch.setattr(api.torch, "compile", failing_compile)
+    torch.manual_seed(0)
+    mod, x = nn.Linear(4, 3), torch.randn(2, 4)
+    gm = optimus.optimize(mod, (x,))
+    assert gm.optimus_report.stop_reason == "unchanged"
+    assert "dynamo unavailable" in gm.optimus_report.notes[-1]
+    torch.testing.assert_close(gm(x), mod(x))

@@ -72,6 +72,7 @@ def test_cost_model_declines_slower_rewrites() -> None:
     rep = gm.optimus_report
     assert rep.rules_fired == {}
     assert rep.declined["batch_linear"] >= 1 and rep.declined["batch_layer_norm"] >= 1
+    assert any(note.startswith("unchanged: the cost model") for note in rep.notes)
     assert_parity(mod, gm, xs)
 
 
@@ -167,4 +168,5 @@ def test_unknown_ops_come_back_unchanged() -> None:
     gm = optimize_traced(mod, xs)
     assert gm.optimus_report.rules_fired == {}
     assert gm.optimus_report.stop_reason == "saturated"
+    assert gm.optimus_report.notes == ["unchanged: no rule found a candidate in this graph"]
     torch.testing.assert_close(gm(*xs), mod(*xs))
