@@ -1,7 +1,8 @@
 """Does the re-layout help under Inductor? Side by side, one process, interleaved rounds, on the
 32-tower model: ``compile`` (Inductor on the model), ``compile+optimus`` (the ``"optimus"`` backend:
 runtime-stacked weights, the re-layout declines there) and ``compile(optimize(relayout))``
-(Optimus with RelayoutParams first, then Inductor on the returned GraphModule). Inference and a
+(Optimus with RelayoutParams first, then Inductor on the returned GraphModule), and the same with
+the default RuntimeStack layout (isolates the re-layout from "optimize, then compile"). Inference and a
 training step (zero_grad, forward, backward, SGD). FX graph cache off; compile seconds reported.
 
     PYTHONPATH=. python scripts/compile_relayout.py [--towers 32 --width 16 --batch 64]
@@ -52,13 +53,20 @@ def main() -> None:
         train = phase == "train"
         variants: dict[str, tuple[Callable[..., Any], nn.Module]] = {}
         compile_s: dict[str, float] = {}
-        for mode in ("compile", "compile+optimus", "compile(optimize(relayout))"):
+        for mode in (
+            "compile",
+            "compile+optimus",
+            "compile(optimize(runtime))",
+            "compile(optimize(relayout))",
+        ):
             torch._dynamo.reset()
             src = copy.deepcopy(base)
             if mode == "compile":
                 fn: Callable[..., Any] = torch.compile(src)
             elif mode == "compile+optimus":
                 fn = torch.compile(src, backend="optimus")
+            elif mode == "compile(optimize(runtime))":
+                fn = torch.compile(optimus.optimize(src, (x,)))
             else:
                 cfg = optimus.OptimusConfig(layout=RelayoutParams())
                 fn = torch.compile(optimus.optimize(src, (x,), config=cfg))
