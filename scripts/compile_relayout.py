@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--family", default=None, help="a models.FAMILIES name: use its dense arch")
+    parser.add_argument("--scale", default="small", help="with --family: the models scale preset")
     args = parser.parse_args()
     for name in ("towers", "width", "batch", "rounds", "iters"):
         if getattr(args, name) < 1:
@@ -44,9 +46,19 @@ def main() -> None:
     torch.set_num_threads(1)
     torch._inductor.config.fx_graph_cache = False
     torch.manual_seed(0)
-    base = Towers(args.towers, args.width, args.width)
-    x = torch.randn(args.batch, args.towers * args.width)
-    print(f"towers={args.towers} width={args.width} batch={args.batch} loadavg={os.getloadavg()[0]:.2f}")
+    if args.family is None:
+        base: nn.Module = Towers(args.towers, args.width, args.width)
+        xs: tuple[torch.Tensor, ...] = (torch.randn(args.batch, args.towers * args.width),)
+        what = f"towers={args.towers} width={args.width} batch={args.batch}"
+    else:
+        import models
+
+        built = models.build(args.family, scale=args.scale, device="cpu", seed=0)
+        base = built.module.dense
+        with torch.no_grad():
+            xs = tuple(t.detach() for t in built.dense_inputs(built.batches[0]))
+        what = f"{args.family} {args.scale} dense arch, inputs {[tuple(t.shape) for t in xs]}"
+    print(f"{what} loadavg={os.getloadavg()[0]:.2f}")
     print("| phase | mode | median us | IQR us | vs compile | compile s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for phase in ("infer", "train"):
@@ -66,13 +78,13 @@ def main() -> None:
             elif mode == "compile+optimus":
                 fn = torch.compile(src, backend="optimus")
             elif mode == "compile(optimize(runtime))":
-                fn = torch.compile(optimus.optimize(src, (x,)))
+                fn = torch.compile(optimus.optimize(src, xs))
             else:
                 cfg = optimus.OptimusConfig(layout=RelayoutParams())
-                fn = torch.compile(optimus.optimize(src, (x,), config=cfg))
+                fn = torch.compile(optimus.optimize(src, xs, config=cfg))
             start = time.perf_counter()
             with torch.set_grad_enabled(train):
-                out = fn(x)
+                out = fn(*xs)
                 if train:
                     out.square().mean().backward()
             compile_s[mode] = time.perf_counter() - start
@@ -88,11 +100,11 @@ def main() -> None:
                 for _ in range(iters):
                     if train:
                         opt.zero_grad(set_to_none=True)
-                        fn(x).square().mean().backward()
+                        fn(*xs).square().mean().backward()
                         opt.step()
                     else:
                         with torch.no_grad():
-                            fn(x)
+                            fn(*xs)
                 return (time.perf_counter() - start) / iters
 
             run(2)
@@ -109,9 +121,9 @@ def main() -> None:
                 f"| {phase} | {mode} | {med:.1f} | {q[2] - q[0]:.1f} | {ref / med:.2f}x | {compile_s[mode]:.1f} |"
             )
         with torch.no_grad():
-            want = variants["compile"][1](x)
+            want = variants["compile"][1](*xs)
             for mode, (fn, _src) in variants.items():
-                err = (fn(x) - want).abs().max().item()
+                err = (fn(*xs) - want).abs().max().item()
                 if err > 1e-3:
                     raise SystemExit(f"{phase} {mode}: output differs by {err}")
     print(f"loadavg(end)={os.getloadavg()[0]:.2f}")
