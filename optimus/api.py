@@ -11,8 +11,10 @@ import torch
 from torch import fx, nn
 
 from . import capture, driver
+from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .cost import CostModel
+from .layout_relayout import OWNED_FLAG
 from .meta import record, value_meta
 from .normalize import lower_modules
 from .report import OptimusReport
@@ -99,12 +101,14 @@ def optimize(
                 raise ValueError(
                     f"example_inputs do not match the GraphModule: {type(exc).__name__}: {exc}"
                 ) from exc
+        setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
         report = optimize_graph_module(gm, cfg, inputs if cfg.verify else None)
         report.capture = "graph"
     else:
         inputs = capture.check_inputs(module, example_inputs)
         try:
             gm = capture.export(module, inputs)
+            use_flat_codegen(gm)  # skip pytree (un)flattening per call where the specs are flat
             mode = "export"
         except Exception as exc:
             log.info(
@@ -117,6 +121,7 @@ def optimize(
             report.capture_seconds = time.perf_counter() - start - report.seconds
             return gm
         flat_inputs = [x for x in torch.utils._pytree.tree_flatten(inputs)[0]]
+        setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
         report = optimize_graph_module(gm, cfg, flat_inputs if cfg.verify else None)
         report.capture = mode
         if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):

@@ -15,7 +15,8 @@ class OptimusConfig:
     """Options for :func:`optimus.optimize`, the ``"optimus"`` backend and ``pre_grad_pass``.
 
     rules: rule names to run (None: all registered, see ``optimus.RULES``).
-    cost_model: prices candidates; default :class:`~optimus.cost.AnalyticCostModel`
+    cost_model: prices candidates; default :class:`~optimus.cost.AnalyticCostModel`; the name
+        ``"measured"`` gives :class:`~optimus.cost_measured.MeasuredCostModel` (calibrated, cached)
         (its ``min_group``/``max_group`` bound horizontal group sizes).
     verify: run original and rewritten graphs on seeded inputs after every rewrite, comparing
         outputs and gradients; roll back any rewrite that changes them (slower; for debugging).
@@ -44,6 +45,10 @@ class OptimusConfig:
             if unknown:
                 raise ValueError(f"unknown rule name(s) {unknown}; valid rules: {sorted(REGISTRY)}")
             object.__setattr__(self, "rules", tuple(self.rules))
+        if isinstance(self.cost_model, str):  # "analytic" | "measured" (see optimus.cost_measured)
+            from .cost_measured import cost_model_by_name
+
+            object.__setattr__(self, "cost_model", cost_model_by_name(self.cost_model))
         for name in ("seconds", "min_group", "max_group"):
             if not hasattr(self.cost_model, name):
                 raise ValueError(f"cost_model must provide {name!r} (see optimus.cost.CostModel)")

@@ -63,8 +63,12 @@ class MergeSharedLinear(HorizontalRule):
         g = len(nodes)
         before = Cost(launches=g, bytes=g * x.nbytes + w_bytes + b_bytes + out_bytes, flops=flops)
         copies = 2 * (w_bytes + b_bytes)
+        cat_launches = 1 + (b_bytes > 0)
+        free = getattr(ctx.layout, "concatenation_is_free", None)  # a re-laid-out layout: no cat
+        if free is not None and free([c["weight"] for c in canons]):
+            copies, cat_launches = 0.0, 0
         after = Cost(
-            launches=2 + (b_bytes > 0) + 0.5,
+            launches=1 + cat_launches + 0.5,
             bytes=x.nbytes + w_bytes + b_bytes + out_bytes + copies,
             flops=flops,
         )
