@@ -274,6 +274,31 @@ for _name in ("tanh", "sigmoid"):
     _FUNCTIONS[getattr(torch, _name + "_")] = _t(_name, inplace=True)
 
 # Tensor methods: self is the first positional.
+# Unary ops with no settings: the same name on torch and on Tensor (methods and emitters share it).
+_PLAIN_UNARY = (
+    "tanh",
+    "sigmoid",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "neg",
+    "sin",
+    "cos",
+    "erf",
+    "reciprocal",
+    "square",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+)
+
 _METHODS: dict[str, _Target] = {
     "relu": _t("relu", "input"),
     "add": _t("add"),
@@ -303,29 +328,7 @@ _METHODS: dict[str, _Target] = {
     "contiguous": _t("contiguous"),
     "__getitem__": _t("getitem"),
 }
-for _name in [
-    "tanh",
-    "sigmoid",
-    "exp",
-    "expm1",
-    "log",
-    "log1p",
-    "log2",
-    "sqrt",
-    "rsqrt",
-    "abs",
-    "neg",
-    "sin",
-    "cos",
-    "erf",
-    "reciprocal",
-    "square",
-    "sign",
-    "floor",
-    "ceil",
-    "round",
-    "trunc",
-]:
+for _name in _PLAIN_UNARY:
     _METHODS[_name] = _t(_name)
 for _name, _target in list(_METHODS.items()):
     if _target.op in UNARY_POINTWISE | BINARY_POINTWISE and not _name.startswith("_"):
@@ -515,29 +518,7 @@ EMIT: dict[str, Callable[..., Any]] = {
     "minimum": torch.minimum,
     "pow": torch.pow,
 }
-for _name in [
-    "tanh",
-    "sigmoid",
-    "exp",
-    "expm1",
-    "log",
-    "log1p",
-    "log2",
-    "sqrt",
-    "rsqrt",
-    "abs",
-    "neg",
-    "sin",
-    "cos",
-    "erf",
-    "reciprocal",
-    "square",
-    "sign",
-    "floor",
-    "ceil",
-    "round",
-    "trunc",
-]:
+for _name in _PLAIN_UNARY:
     EMIT[_name] = getattr(torch, _name)
 
 
