@@ -44,6 +44,31 @@ def _spec(text: str) -> tuple[tuple[str, Any], ...]:
 
 
 # Canonical signature of every op we understand: the names rules read, with defaults.
+# Unary ops with no settings: the same name on torch and on Tensor (methods and emitters share it).
+_PLAIN_UNARY = (
+    "tanh",
+    "sigmoid",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "neg",
+    "sin",
+    "cos",
+    "erf",
+    "reciprocal",
+    "square",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+)
+
 OPS: dict[str, tuple[tuple[str, Any], ...]] = {
     "linear": _spec("input, weight, bias=None"),
     "layer_norm": _spec("input, normalized_shape, weight=None, bias=None, eps=1e-05"),
@@ -51,27 +76,7 @@ OPS: dict[str, tuple[tuple[str, Any], ...]] = {
     **{
         name: _spec("input")
         for name in [
-            "tanh",
-            "sigmoid",
-            "exp",
-            "expm1",
-            "log",
-            "log1p",
-            "log2",
-            "sqrt",
-            "rsqrt",
-            "abs",
-            "neg",
-            "sin",
-            "cos",
-            "erf",
-            "reciprocal",
-            "square",
-            "sign",
-            "floor",
-            "ceil",
-            "round",
-            "trunc",
+            *_PLAIN_UNARY,
             "logsigmoid",
             "tanhshrink",
             "softsign",
@@ -274,31 +279,6 @@ for _name in ("tanh", "sigmoid"):
     _FUNCTIONS[getattr(torch, _name + "_")] = _t(_name, inplace=True)
 
 # Tensor methods: self is the first positional.
-# Unary ops with no settings: the same name on torch and on Tensor (methods and emitters share it).
-_PLAIN_UNARY = (
-    "tanh",
-    "sigmoid",
-    "exp",
-    "expm1",
-    "log",
-    "log1p",
-    "log2",
-    "sqrt",
-    "rsqrt",
-    "abs",
-    "neg",
-    "sin",
-    "cos",
-    "erf",
-    "reciprocal",
-    "square",
-    "sign",
-    "floor",
-    "ceil",
-    "round",
-    "trunc",
-)
-
 _METHODS: dict[str, _Target] = {
     "relu": _t("relu", "input"),
     "add": _t("add"),
