@@ -43,7 +43,6 @@ def _spec(text: str) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-# Canonical signature of every op we understand: the names rules read, with defaults.
 # Unary ops with no settings: the same name on torch and on Tensor (methods and emitters share it).
 _PLAIN_UNARY = (
     "tanh",
@@ -69,6 +68,7 @@ _PLAIN_UNARY = (
     "trunc",
 )
 
+# Canonical signature of every op we understand: the names rules read, with defaults.
 OPS: dict[str, tuple[tuple[str, Any], ...]] = {
     "linear": _spec("input, weight, bias=None"),
     "layer_norm": _spec("input, normalized_shape, weight=None, bias=None, eps=1e-05"),
