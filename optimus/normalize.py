@@ -251,27 +251,7 @@ _FUNCTIONS: dict[Any, _Target] = {
     torch.unsqueeze: _t("unsqueeze"),
     torch.squeeze: _t("squeeze"),
 }
-for _name in [
-    "exp",
-    "expm1",
-    "log",
-    "log1p",
-    "log2",
-    "sqrt",
-    "rsqrt",
-    "abs",
-    "neg",
-    "sin",
-    "cos",
-    "erf",
-    "reciprocal",
-    "square",
-    "sign",
-    "floor",
-    "ceil",
-    "round",
-    "trunc",
-]:
+for _name in _PLAIN_UNARY:  # torch.tanh / torch.sigmoid are already listed, with the same target
     _FUNCTIONS[getattr(torch, _name)] = _t(_name)
     if hasattr(torch, _name + "_"):
         _FUNCTIONS[getattr(torch, _name + "_")] = _t(_name, inplace=True)
