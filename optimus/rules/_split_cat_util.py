@@ -283,6 +283,25 @@ class Pieces:
     others: list[fx.Node]  # users that are not plain int getitems (e.g. a cat of the whole tuple)
 
 
+def unbind_run(tensors: Sequence[Any], ctx: RewriteContext) -> tuple[fx.Node, UnbindView, list[int]] | None:
+    """(unbind tuple, its view, indices) when ``tensors`` are consecutive pieces of one unbind, else None.
+
+    Why shared: stack(unbind(x)) and cat(unbind(x)) elimination both start from this same run."""
+    items = [item_of(t) for t in tensors]
+    if any(it is None for it in items):
+        return None
+    sources = {it[0] for it in items if it is not None}
+    if len(sources) != 1:
+        return None
+    source = sources.pop()
+    unbind = unbind_view(source, ctx)
+    indices = [it[1] for it in items if it is not None]
+    first = indices[0]
+    if unbind is None or indices != list(range(first, first + len(indices))) or indices[-1] >= unbind.count:
+        return None
+    return source, unbind, indices
+
+
 def pieces_of(node: fx.Node) -> Pieces:
     items: dict[int, list[fx.Node]] = {}
     others: list[fx.Node] = []

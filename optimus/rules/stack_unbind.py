@@ -24,11 +24,11 @@ from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     all_movable,
     is_graph_output_alias,
-    item_of,
     only_used_by,
     pieces_of,
     stack_view,
     tuple_dies_with,
+    unbind_run,
     unbind_view,
 )
 from .base import Cost
@@ -72,19 +72,12 @@ class StackUnbind(NodeSetRule):
         stack = stack_view(node, ctx)
         if stack is None:
             return None
-        items = [item_of(t) for t in stack.tensors]
-        if any(it is None for it in items):
+        run = unbind_run(stack.tensors, ctx)
+        if run is None:
             return None
-        sources = {it[0] for it in items if it is not None}
-        if len(sources) != 1:
-            return None
-        source = sources.pop()
-        unbind = unbind_view(source, ctx)
-        indices = [it[1] for it in items if it is not None]
+        source, unbind, indices = run
         first = indices[0]
-        if unbind is None or unbind.dim != stack.dim or indices != list(range(first, first + len(indices))):
-            return None
-        if indices[-1] >= unbind.count or not all_movable([source, *stack.tensors], ctx):
+        if unbind.dim != stack.dim or not all_movable([source, *stack.tensors], ctx):
             return None
         full = len(indices) == unbind.count
         if is_graph_output_alias(node, unbind.input):

@@ -26,9 +26,8 @@ from ._split_cat_util import (
     all_movable,
     cat_view,
     is_graph_output_alias,
-    item_of,
     tuple_dies_with,
-    unbind_view,
+    unbind_run,
 )
 from .base import Cost
 
@@ -41,22 +40,11 @@ class UnbindCat(NodeSetRule):
         cat = cat_view(node, ctx)
         if cat is None or cat.whole is not None or len(cat.tensors) < 2:
             return None
-        items = [item_of(t) for t in cat.tensors]
-        if any(it is None for it in items):
+        run = unbind_run(cat.tensors, ctx)
+        if run is None:
             return None
-        sources = {it[0] for it in items if it is not None}
-        if len(sources) != 1:
-            return None
-        source = sources.pop()
-        unbind = unbind_view(source, ctx)
-        indices = [it[1] for it in items if it is not None]
+        source, unbind, indices = run
         first = indices[0]
-        if (
-            unbind is None
-            or indices != list(range(first, first + len(indices)))
-            or indices[-1] >= unbind.count
-        ):
-            return None
         if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
             return None
         if is_graph_output_alias(node, unbind.input):  # the result may be a view of it
