@@ -4,11 +4,19 @@ linears are independent.
 
 Stacked weights come from the layout (``ctx.layout``): contiguous [G, K, N], never a transposed
 batch view (that made CPU baddbmm several times slower).
+
+Shared inputs: when every distinct input feeds the same number k >= 2 of the linears (a tower's
+first layer and its gate both read the feature), the G' = G / k distinct inputs are stacked once
+and the k weights of each input are laid side by side, [G', K, k*N]: one baddbmm reads each input
+once, and the k outputs of input i are views ``out[i, :, j*N:(j+1)*N]``. Stacking every input k
+times instead (the plain form) copied each input k times, and batching the k roles separately
+downstream re-stacked the outputs (two more copies of [G', B, N] on the towers model).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -38,6 +46,9 @@ class BatchLinear(HorizontalRule):
         x_meta, w_meta = b.ctx.meta(canons[0]["input"]), b.ctx.meta(canons[0]["weight"])
         assert x_meta is not None and w_meta is not None
         lead, (n_out, k) = x_meta.shape[:-1], w_meta.shape
+        roles = shared_input_roles(canons) if len(lead) == 1 else None
+        if roles is not None:
+            return _fuse_shared(canons, roles, n_out, k, b)
         x = b.stack([c["input"] for c in canons])  # [G, *lead, K]
         if len(lead) != 1:
             x = b.method("reshape", x, g, -1, k)
@@ -63,10 +74,16 @@ class BatchLinear(HorizontalRule):
         one = x.nbytes + w.nbytes + bias_bytes + out_bytes
         before = Cost(launches=g, bytes=g * one, flops=flops)
         inputs = [c["input"] for c in canons]
-        stack_bytes = ctx.stack_bytes(inputs)
         weights = [c["weight"] for c in canons]
         layout_bytes = ctx.layout.bytes_moved(weights, ctx)
         layout_launches = ctx.layout.launches(weights, transpose=True)
+        roles = shared_input_roles(canons) if len(x.shape) == 2 else None
+        if roles is None:
+            stack_bytes = ctx.stack_bytes(inputs)
+        else:  # distinct inputs stacked once; the [G', K, k*N] weight view is one small copy
+            stack_bytes = ctx.stack_bytes([r[0] for r in roles])
+            layout_bytes += 2.0 * g * w.nbytes
+            layout_launches += 1
         if has_bias:
             biases = [c["bias"] for c in canons]
             layout_bytes += ctx.layout.bytes_moved(biases, ctx)
@@ -77,3 +94,48 @@ class BatchLinear(HorizontalRule):
             flops=flops,
         )
         return before, after
+
+
+def shared_input_roles(canons: Sequence[Any]) -> list[tuple[fx.Node, list[int]]] | None:
+    """[(input, [indices of the linears reading it])] in first-use order, when there is more than
+    one distinct input and each feeds the same number k >= 2 of the linears; else None."""
+    uses: dict[fx.Node, list[int]] = {}
+    for i, c in enumerate(canons):
+        x = c["input"]
+        if not isinstance(x, fx.Node):
+            return None
+        uses.setdefault(x, []).append(i)
+    counts = {len(v) for v in uses.values()}
+    if len(uses) < 2 or len(counts) != 1 or counts.pop() < 2:
+        return None
+    return list(uses.items())
+
+
+def _fuse_shared(
+    canons: Sequence[Any], roles: list[tuple[fx.Node, list[int]]], n_out: int, k_in: int, b: Builder
+) -> list[fx.Node]:
+    """One baddbmm over the distinct inputs with each input's k weights side by side."""
+    groups, k = len(roles), len(roles[0][1])
+    order = [i for _, idx in roles for i in idx]  # input-major: weights of input 0, then input 1, ...
+    x = b.stack([u for u, _ in roles])  # [G', B, K]
+    w = b.stacked_params([canons[i]["weight"] for i in order], transpose=True)  # [G'k, K, N]
+    w = b.method(
+        "reshape",
+        b.method("permute", b.method("reshape", w, groups, k, k_in, n_out), 0, 2, 1, 3),
+        groups,
+        k_in,
+        k * n_out,
+    )
+    if canons[0]["bias"] is not None:
+        bias = b.method("reshape", b.stacked_params([canons[i]["bias"] for i in order]), groups, 1, k * n_out)
+        out = b.call(torch.baddbmm, bias, x, w)  # [G', B, k*N]
+    else:
+        out = b.call(torch.bmm, x, w)
+    out = b.method("unflatten", out, -1, (k, n_out))  # [G', B, k, N]
+    results: list[fx.Node | None] = [None] * len(canons)
+    for j in range(k):
+        pieces = b.unbind(b.method("select", out, 2, j), groups)  # role j of every input
+        for gi, (_, idx) in enumerate(roles):
+            results[idx[j]] = pieces[gi]
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]

@@ -173,3 +173,99 @@ def test_default_cost_model_declines_two_small_linears_on_cpu() -> None:
     assert gm.optimus_report.rules_fired == {}
     assert gm.optimus_report.declined == {"batch_linear": 1}
     assert count_calls(gm, F.linear) == 2
+
+
+class GatedTowers(nn.Module):
+    """Each input feeds ``roles`` linears (a tower layer and its gate): the shared-input form."""
+
+    def __init__(self, n: int, k: int, m: int, roles: int = 2, bias: bool = True) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(
+            [nn.ModuleList([nn.Linear(k, m, bias=bias) for _ in range(roles)]) for _ in range(n)]
+        )
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for i, group in enumerate(self.lins):
+            xi = x[i] * 1.0
+            outs.append(torch.tanh(group[0](xi)) * torch.sigmoid(group[-1](xi)))
+            outs.extend(lin(xi) for lin in group[1:-1])
+        return outs
+
+
+def _stacked_inputs(gm: torch.fx.GraphModule) -> int:
+    """How many tensors are stacked into the batched matmul's input."""
+    (mm,) = [n for n in gm.graph.nodes if n.target in (torch.baddbmm, torch.bmm)]
+    x = mm.args[1] if mm.target is torch.baddbmm else mm.args[0]
+    assert x.target is torch.stack
+    return len(x.args[0])
+
+
+@pytest.mark.parametrize(("roles", "bias"), [(2, True), (3, False), (2, False)])
+def test_shared_inputs_are_stacked_once(roles: int, bias: bool) -> None:
+    torch.manual_seed(0)
+    mod = GatedTowers(6, 8, 5, roles, bias)
+    xs = [torch.randn(6, 4, 8)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired == {"batch_linear": 1}
+    assert count_calls(gm, torch.baddbmm, torch.bmm) == 1
+    assert _stacked_inputs(gm) == 6  # each of the 6 inputs once, not 6 * roles
+    assert_parity(mod, gm, xs)
+
+
+def test_shared_inputs_under_relayout_train_like_unfused() -> None:
+    """The [G', K, k*N] weight view of re-laid-out parameters: same outputs and SGD updates."""
+    from optimus.layout_relayout import RelayoutParams
+
+    torch.manual_seed(0)
+    ref = GatedTowers(6, 8, 5)
+    mod = GatedTowers(6, 8, 5)
+    mod.load_state_dict(ref.state_dict())
+    x = torch.randn(6, 4, 8)
+    config = optimus.OptimusConfig(
+        rules=RULES, layout=RelayoutParams(), cost_model=AnalyticCostModel(min_group=2)
+    )
+    gm = optimus.optimize(mod, (x,), config=config)
+    assert gm.optimus_report.rules_fired == {"batch_linear": 1}
+    for model, fn in ((ref, ref), (mod, gm)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            sum(o.square().sum() for o in fn(x)).backward()
+            opt.step()
+    for (name, a), b in zip(ref.state_dict().items(), mod.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_uneven_sharing_falls_back_to_plain_stacking() -> None:
+    """Input 0 feeds two linears, the others one: no common k, so every input is stacked."""
+    torch.manual_seed(0)
+
+    class Uneven(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lins = nn.ModuleList([nn.Linear(8, 8) for _ in range(6)])
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            xs = [x[0] * 1.0, x[0] * 1.0] + [x[i] * 1.0 for i in range(1, 5)]
+            a = x[0] * 2.0
+            return [self.lins[0](a), self.lins[1](a)] + [
+                lin(xi) for lin, xi in zip(self.lins[2:], xs[2:], strict=True)
+            ]
+
+    mod = Uneven()
+    xs = [torch.randn(5, 4, 8)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired == {"batch_linear": 1}
+    assert _stacked_inputs(gm) == 6
+    assert_parity(mod, gm, xs)
+
+
+def test_default_cost_model_declines_two_shared_input_linears_on_cpu() -> None:
+    """One input read by two small linears: the default CPU cost model keeps them apart."""
+    torch.manual_seed(0)
+    mod = GatedTowers(1, 8, 8)
+    xs = [torch.randn(1, 4, 8)]
+    gm = optimize_traced(mod, xs, rules=RULES, cost_model=optimus.AnalyticCostModel())
+    assert gm.optimus_report.rules_fired == {}
+    assert count_calls(gm, F.linear) == 2
