@@ -50,6 +50,9 @@ class Builder:
         whole = self.unstacked_source(values, dim)
         if whole is not None:
             return whole
+        runs = self.unbound_runs(values, dim)
+        if runs is not None:  # all pieces of X1, then of X2, ...: cat([X1, X2, ..]), no getitems
+            return self.call(torch.cat, runs, 0)
         split = self.split_source(values, dim)
         if split is not None:  # equal pieces of X along d: a view of X, no copy, no new pieces
             x, d, k = split
@@ -113,6 +116,30 @@ class Builder:
                 return None
         whole = canon["input"]
         return whole if isinstance(whole, fx.Node) else None
+
+    def unbound_runs(self, values: Sequence[fx.Node], dim: int = 0) -> list[fx.Node] | None:
+        """[X1, X2, ...] if ``values`` are all pieces of ``unbind(X1, 0)`` in order, then all of
+        ``unbind(X2, 0)``, ... (two or more sources). Why: two fused groups feeding one (sparse and
+        dense towers into one LayerNorm) were re-stacked piece by piece; ``cat`` of the sources is
+        the same tensor without the G getitems, which Inductor otherwise lowers one by one."""
+        if dim != 0:
+            return None
+        runs: list[fx.Node] = []
+        i = 0
+        while i < len(values):
+            first = values[i]
+            if not (first.op == "call_function" and first.target is operator.getitem and first.args[1] == 0):
+                return None
+            source = first.args[0]
+            count = source.meta.get("optimus_pieces") if isinstance(source, fx.Node) else None
+            if not isinstance(count, int) or i + count > len(values):
+                return None
+            whole = self.unstacked_source(values[i : i + count], dim)
+            if whole is None:
+                return None
+            runs.append(whole)
+            i += count
+        return runs if len(runs) >= 2 else None
 
     def unbind(self, node: fx.Node, n: int, dim: int = 0) -> list[fx.Node]:
         pieces = self.call(torch.unbind, node, dim)

@@ -174,7 +174,8 @@ def run(
 
 def _tidy_stacks(ctx: RewriteContext, applied_round: list[Applied]) -> None:
     """A fused op stacks its inputs; when they turned out to be the pieces of another fused op
-    applied later in the same round, read that op's output directly (no copy). Engine-made
+    applied later in the same round, read that op's output directly (no copy), or the ``cat`` of
+    several such outputs when the pieces are all of one, then all of the next. Engine-made
     stacks only: user graphs are the split/cat rules' business."""
     probe = Builder.__new__(Builder)
     probe.ctx = ctx
@@ -188,7 +189,12 @@ def _tidy_stacks(ctx: RewriteContext, applied_round: list[Applied]) -> None:
                 continue
             if not isinstance(dim, int):
                 continue
-            whole = probe.unstacked_source([v for v in values if isinstance(v, fx.Node)], dim)
+            pieces = [v for v in values if isinstance(v, fx.Node)]
+            whole = probe.unstacked_source(pieces, dim)
+            if whole is None:
+                runs = probe.unbound_runs(pieces, dim)  # pieces of several fused ops, in order
+                if runs is not None:
+                    whole = Builder(ctx, node).call(torch.cat, runs, 0)
             if whole is not None and whole is not node:
                 node.replace_all_uses_with(whole)
                 ctx.leftovers.append(node)

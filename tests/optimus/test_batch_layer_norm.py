@@ -114,3 +114,55 @@ def test_mismatched_shapes_do_not_fuse() -> None:
     )
     assert gm.optimus_report.rules_fired == {}
     assert_parity(mod, gm, xs)
+
+
+class TwoGroupsOneNorm(nn.Module):
+    """Two batched-linear groups (different input widths) feed one group of LayerNorms."""
+
+    def __init__(self, n: int = 6) -> None:
+        super().__init__()
+        self.a = nn.ModuleList([nn.Linear(8, 5) for _ in range(n)])
+        self.b = nn.ModuleList([nn.Linear(4, 5) for _ in range(n)])
+        self.norms = nn.ModuleList([nn.LayerNorm(5) for _ in range(2 * n)])
+        for norm in self.norms:
+            nn.init.normal_(norm.weight)
+            nn.init.normal_(norm.bias)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        hs = [lin(x[i] * 1.0) for i, lin in enumerate(self.a)] + [
+            lin(y[i] * 1.0) for i, lin in enumerate(self.b)
+        ]
+        return [norm(h) for norm, h in zip(self.norms, hs, strict=True)]
+
+
+def test_pieces_of_two_fused_groups_are_joined_by_one_cat() -> None:
+    torch.manual_seed(0)
+    mod = TwoGroupsOneNorm()
+    xs = [torch.randn(6, 3, 8), torch.randn(6, 3, 4)]
+    gm = optimize_traced(mod, xs, rules=["batch_linear", *RULES])
+    assert gm.optimus_report.rules_fired == {"batch_linear": 2, "batch_layer_norm": 1}
+    (norm,) = [n for n in gm.graph.nodes if n.target is F.layer_norm]
+    cat = norm.args[0]
+    assert cat.target is torch.cat and len(cat.args[0]) == 2  # the two [6, 3, 5] outputs, not 12 pieces
+    assert all(a.target in (torch.baddbmm, torch.bmm) for a in cat.args[0])
+    assert_parity(mod, gm, xs)
+
+
+def test_pieces_in_another_order_are_stacked() -> None:
+    """Pieces of two groups interleaved are not runs: a real stack, and still the same results."""
+    torch.manual_seed(0)
+
+    class Interleaved(TwoGroupsOneNorm):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+            ha = [lin(x[i] * 1.0) for i, lin in enumerate(self.a)]
+            hb = [lin(y[i] * 1.0) for i, lin in enumerate(self.b)]
+            hs = [h for pair in zip(ha, hb, strict=True) for h in pair]
+            return [norm(h) for norm, h in zip(self.norms, hs, strict=True)]
+
+    mod = Interleaved()
+    xs = [torch.randn(6, 3, 8), torch.randn(6, 3, 4)]
+    gm = optimize_traced(mod, xs, rules=["batch_linear", *RULES])
+    assert gm.optimus_report.rules_fired == {"batch_linear": 2, "batch_layer_norm": 1}
+    (norm,) = [n for n in gm.graph.nodes if n.target is F.layer_norm]
+    assert norm.args[0].target is torch.stack
+    assert_parity(mod, gm, xs)
