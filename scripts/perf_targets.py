@@ -1,0 +1,184 @@
+"""Read harness results files and say, target by target, which performance goals hold.
+
+Why a script: the performance issue (#7) states its goals as ratios between modes of one
+``reproduce`` run (speedup over compile, compile time, peak memory, the peer, eager). Checking
+them by eye in four tables invites mistakes and cherry-picking; this reads the committed JSON,
+prints every figure it judged with its 95% interval, and says met / missed / no data. It never
+fails a run (the goals are aims, not CI gates); ``--json`` writes the same verdicts for tooling.
+
+    PYTHONPATH=. python scripts/perf_targets.py results/reproduce-medium/reproduce-medium.json \
+        results/reproduce-large/reproduce-large.json [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from harness.paper import speedup
+from harness.results import cell_map, load
+from harness.spec import CellKey
+
+SPEED_FAMILIES = ("towers", "mmoe")
+SCALED_FAMILIES = ("towers", "mmoe", "dcn")
+FLOOR = 0.97
+
+
+@dataclass
+class Verdict:
+    """One judged figure: which target, which cell, the figure, and whether it holds."""
+
+    target: str
+    cell: str
+    figure: str
+    met: bool | None  # None: a cell is missing or not ok, so nothing can be said
+
+    def row(self) -> str:
+        state = {True: "met", False: "**missed**", None: "no data"}[self.met]
+        return f"| {self.target} | {self.cell} | {self.figure} | {state} |"
+
+
+def _ok(c: dict[str, Any] | None) -> bool:
+    return c is not None and c.get("status") == "ok"
+
+
+def _status(c: dict[str, Any] | None) -> str:
+    return "missing" if c is None else str(c.get("status"))
+
+
+def _ratio(
+    cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
+) -> Verdict:
+    """Speedup of ``key``'s mode over ``base_mode`` (median ratio with 95% bootstrap CI) >= goal."""
+    base = cells.get(CellKey(key.model, key.scale, base_mode, key.phase))
+    new = cells.get(key)
+    label = f"{key.model} {key.scale} {key.phase}"
+    if not (_ok(base) and _ok(new)):
+        return Verdict(name, label, f"{key.mode} {_status(new)}, {base_mode} {_status(base)}", None)
+    assert base is not None and new is not None
+    s = speedup(base, new)
+    return Verdict(name, label, f"{s['x']:.2f}x ({s['lo']:.2f}-{s['hi']:.2f})", s["x"] >= goal)
+
+
+def _compile_ratio(
+    cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
+) -> Verdict:
+    """compile_s of ``key`` / compile_s of ``base_mode`` <= goal."""
+    base = cells.get(CellKey(key.model, key.scale, base_mode, key.phase))
+    new = cells.get(key)
+    label = f"{key.model} {key.scale} {key.phase}"
+    if not (_ok(base) and _ok(new)) or base is None or new is None or not base.get("compile_s"):
+        return Verdict(name, label, f"{key.mode} {_status(new)}, {base_mode} {_status(base)}", None)
+    r = new["compile_s"] / base["compile_s"]
+    return Verdict(
+        name,
+        label,
+        f"{base['compile_s']:.1f} s -> {new['compile_s']:.1f} s ({(r - 1) * 100:+.0f}%)",
+        r <= goal,
+    )
+
+
+def verdicts(docs: Iterable[dict[str, Any]]) -> list[Verdict]:
+    """Every target of issue #7 over every (model, scale, phase) the results hold."""
+    cells: dict[CellKey, dict[str, Any]] = {}
+    for doc in docs:
+        cells.update(cell_map(doc))
+    groups = sorted({(k.model, k.scale, k.phase) for k in cells})
+    out: list[Verdict] = []
+    opt = "compile+optimus"
+    for model, scale, phase in groups:
+        key = CellKey(model, scale, opt, phase)
+        if model in SPEED_FAMILIES and scale in ("medium", "large"):
+            goal = 1.6 if phase == "infer" else 1.3
+            out.append(_ratio(cells, key, "compile", goal, f"speedup vs compile >= {goal}x"))
+        if model in SCALED_FAMILIES and scale == "large":
+            out.append(_compile_ratio(cells, key, "compile", 0.5, "compile time <= 50% of compile"))
+        if model == "towers" and scale == "large" and phase == "train":
+            base, new = cells.get(CellKey(model, scale, "compile", phase)), cells.get(key)
+            if (
+                _ok(base)
+                and _ok(new)
+                and base
+                and new
+                and base.get("peak_mem_bytes")
+                and new.get("peak_mem_bytes")
+            ):
+                r = new["peak_mem_bytes"] / base["peak_mem_bytes"]
+                fig = f"{base['peak_mem_bytes'] / 2**20:.1f} -> {new['peak_mem_bytes'] / 2**20:.1f} MiB ({(r - 1) * 100:+.1f}%)"
+                out.append(
+                    Verdict("train peak memory <= 94% of compile", f"{model} {scale} {phase}", fig, r <= 0.94)
+                )
+            else:
+                out.append(
+                    Verdict(
+                        "train peak memory <= 94% of compile", f"{model} {scale} {phase}", "no ok cells", None
+                    )
+                )
+        peer = cells.get(CellKey(model, scale, "compile+peer", phase))
+        if peer is not None and peer.get("status") != "ok":
+            out.append(
+                Verdict(
+                    "ahead of compile+peer (latency)",
+                    f"{model} {scale} {phase}",
+                    f"peer {peer['status']}",
+                    None,
+                )
+            )
+        else:
+            out.append(_ratio(cells, key, "compile+peer", 1.0, "ahead of compile+peer (latency)"))
+            out.append(
+                _compile_ratio(cells, key, "compile+peer", 1.0, "ahead of compile+peer (compile time)")
+            )
+        out.append(_ratio(cells, key, "compile", FLOOR, f"no cell below {FLOOR}x of compile"))
+        if model == "towers" and phase == "infer":
+            out.append(
+                _ratio(
+                    cells,
+                    CellKey(model, scale, "eager+optimus", phase),
+                    "eager",
+                    1.3,
+                    "eager+optimus >= 1.3x eager",
+                )
+            )
+    return out
+
+
+def render(found: list[Verdict]) -> str:
+    met = sum(v.met is True for v in found)
+    missed = sum(v.met is False for v in found)
+    lines = [
+        "| target | cell | figure (median ratio, 95% CI) | verdict |",
+        "| --- | --- | --- | --- |",
+        *(v.row() for v in found),
+        "",
+        f"{met} met, {missed} missed, {len(found) - met - missed} without data.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="harness results JSON files")
+    parser.add_argument("--json", default=None, help="also write the verdicts here (atomically)")
+    args = parser.parse_args(argv)
+    found = verdicts(load(p) for p in args.results)
+    print(render(found))
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump([asdict(v) for v in found], f, indent=1)
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
