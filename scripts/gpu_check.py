@@ -48,7 +48,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch._dynamo
@@ -75,6 +75,12 @@ PARITY_STEPS = 3
 MIN_ROUNDS = 3  # rounds taken even past the budget once a group's modes are compiled (seconds on GPU)
 
 Step = Callable[[], Any]
+Inputs = tuple[torch.Tensor, ...]  # a model's positional inputs (Towers: one tensor)
+
+
+def as_inputs(x: torch.Tensor | Inputs) -> Inputs:
+    """``x`` as a tuple of positional inputs (a lone tensor is one input)."""
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
 # ----------------------------------------------------------------------------- small utilities
@@ -162,6 +168,17 @@ class TowerConfig:
     @property
     def name(self) -> str:
         return f"{self.towers}x{self.width}x{self.batch}"
+
+
+class GroupConfig(Protocol):
+    """What the group machinery needs of a config: a name for the cells (TowerConfig; other
+    scripts reusing this one pass their own)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+MakeBase = Callable[[Any, torch.device, bool], tuple[nn.Module, torch.Tensor | Inputs]]
 
 
 def parse_configs(text: str) -> list[TowerConfig]:
@@ -284,13 +301,13 @@ class CountNodes(CustomGraphPass):
         return "gpu-check-count-nodes"
 
 
-def unique_entry(module: nn.Module, tag: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A new function ``entry(x) = module(x)`` with its OWN code object (Dynamo caches compiled code
+def unique_entry(module: nn.Module, tag: str) -> Callable[..., torch.Tensor]:
+    """A new function ``entry(*x) = module(*x)`` with its OWN code object (Dynamo caches compiled code
     per code object; a closure would share one): two copies of one model class compiled separately
     then cannot reuse each other's graph."""
     namespace: dict[str, Any] = {"module": module}
-    exec(compile("def entry(x):\n    return module(x)\n", f"<gpu_check {tag}>", "exec"), namespace)
-    entry: Callable[[torch.Tensor], torch.Tensor] = namespace["entry"]
+    exec(compile("def entry(*x):\n    return module(*x)\n", f"<gpu_check {tag}>", "exec"), namespace)
+    entry: Callable[..., torch.Tensor] = namespace["entry"]
     return entry
 
 
@@ -311,24 +328,24 @@ def report_fields(gm: Any) -> dict[str, Any]:
 class Prepared:
     """One mode ready to time: the callable, the module whose parameters train, its optimizer."""
 
-    fn: Callable[[torch.Tensor], torch.Tensor]
+    fn: Callable[..., torch.Tensor]
     params: nn.Module
     opt: torch.optim.Optimizer
     info: dict[str, Any]
 
 
 def build_mode(
-    mode: str, base: nn.Module, x: torch.Tensor, lr: float, peer: dict[str, dict[str, Any]]
+    mode: str, base: nn.Module, x: torch.Tensor | Inputs, lr: float, peer: dict[str, dict[str, Any]]
 ) -> tuple[Prepared, Callable[[], contextlib.AbstractContextManager[Any]], CountNodes]:
     """Deepcopy ``base`` and make ``mode``'s callable (optimizing first for the optimus modes); returns
     it, a context factory for the first call (for compiled modes: the node counter, plus the peer's
     fusion options for compile+peer) and the counter."""
     src = copy.deepcopy(base)
     info: dict[str, Any] = {}
-    fn: Callable[[torch.Tensor], torch.Tensor] = src
+    fn: Callable[..., torch.Tensor] = src
     if mode in OPTIMUS_MODES:
         t0 = time.perf_counter()
-        gm = optimus.optimize(src, (x,), config=optimus.OptimusConfig(layout=RelayoutParams()))
+        gm = optimus.optimize(src, as_inputs(x), config=optimus.OptimusConfig(layout=RelayoutParams()))
         info["optimize_s"] = time.perf_counter() - t0
         info.update(report_fields(gm))
         fn = gm
@@ -362,19 +379,20 @@ def warm_inductor(device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def step_fn(p: Prepared, x: torch.Tensor, train: bool) -> Step:
+def step_fn(p: Prepared, x: torch.Tensor | Inputs, train: bool) -> Step:
     """One call of the phase: no_grad forward, or zero_grad + forward + square-mean backward + SGD step."""
+    inputs = as_inputs(x)
     if not train:
 
         def infer() -> torch.Tensor:
             with torch.no_grad():
-                return p.fn(x)
+                return p.fn(*inputs)
 
         return infer
 
     def train_step() -> torch.Tensor:
         p.opt.zero_grad(set_to_none=True)
-        out = p.fn(x)
+        out = p.fn(*inputs)
         out.square().mean().backward()
         p.opt.step()
         return out
@@ -417,10 +435,10 @@ def snapshot(module: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.parameters()]
 
 
-def grads(p: Prepared, x: torch.Tensor) -> list[torch.Tensor]:
+def grads(p: Prepared, x: torch.Tensor | Inputs) -> list[torch.Tensor]:
     """Gradients of one forward+backward (no optimizer step), cloned; zero where a grad is None."""
     p.opt.zero_grad(set_to_none=True)
-    p.fn(x).square().mean().backward()
+    p.fn(*as_inputs(x)).square().mean().backward()
     out = [
         q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q) for q in p.params.parameters()
     ]
@@ -454,6 +472,7 @@ class Run:
     payload: dict[str, Any]
     cells: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     compile_times: list[float] = field(default_factory=list)  # compile_s of every compiled mode so far
+    make_base: MakeBase | None = None  # (cfg, device, train) -> (model, inputs); None: base_model
 
     def save(self) -> None:
         """Rewrite the JSON (atomically) with the elapsed time so far."""
@@ -467,7 +486,7 @@ class Run:
         reserve = 0.0 if self.args.no_cost_models else self.args.cost_reserve_s
         return self.budget.left() - reserve
 
-    def cell(self, cfg: TowerConfig, phase: str, mode: str) -> dict[str, Any]:
+    def cell(self, cfg: GroupConfig, phase: str, mode: str) -> dict[str, Any]:
         """The (config, phase, mode) result dict, created on first use and kept in the payload."""
         key = (cfg.name, phase, mode)
         if key not in self.cells:
@@ -535,11 +554,11 @@ def base_model(cfg: TowerConfig, device: torch.device, train: bool) -> tuple[nn.
 
 def prepare_mode(
     run: Run,
-    cfg: TowerConfig,
+    cfg: GroupConfig,
     phase: str,
     mode: str,
     base: nn.Module,
-    x: torch.Tensor,
+    x: torch.Tensor | Inputs,
     reference: dict[str, Any],
 ) -> Prepared:
     """Build ``mode``, make its first call (timed: compile_s), the parity steps against eager, and one
@@ -608,7 +627,7 @@ def quartiles(samples: list[float]) -> tuple[float, float]:
     return med, q[2] - q[0]
 
 
-def summarize(run: Run, cfg: TowerConfig, phase: str, samples: dict[str, list[float]]) -> None:
+def summarize(run: Run, cfg: GroupConfig, phase: str, samples: dict[str, list[float]]) -> None:
     """Median/IQR/n and speedups into each timed cell of the group."""
     medians = {m: statistics.median(s) for m, s in samples.items() if s}
     for mode, s in samples.items():
@@ -621,14 +640,15 @@ def summarize(run: Run, cfg: TowerConfig, phase: str, samples: dict[str, list[fl
             cell[f"speedup_vs_{ref}"] = medians[ref] / med if ref in medians else None
 
 
-def run_group(run: Run, cfg: TowerConfig, phase: str) -> None:
+def run_group(run: Run, cfg: GroupConfig, phase: str) -> None:
     """All modes of one (config, phase): prepare each (budget permitting), then interleaved rounds."""
     args, device, budget = run.args, run.device, run.budget
     left = run.left_for_groups
     train = phase == "train"
     log(f"== {cfg.name} {phase} (elapsed {budget.elapsed():.0f}s, {left():.0f}s left for timing)")
     torch._dynamo.reset()
-    base, x = base_model(cfg, device, train)
+    make_base: MakeBase = run.make_base or base_model
+    base, x = make_base(cfg, device, train)
     reference: dict[str, Any] = {"initial": snapshot(base)}
     steps: dict[str, Step] = {}
     compile_seen: list[float] = []
