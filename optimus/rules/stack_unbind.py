@@ -19,11 +19,12 @@ from torch import fx
 from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
-from ._split_cat_cost import VIEW, copy_cost
+from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     all_movable,
     is_graph_output_alias,
+    item_of,
     only_used_by,
     pieces_of,
     stack_view,
@@ -39,7 +40,11 @@ class StackUnbind(NodeSetRule):
     anchors = frozenset({"stack", "unbind"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        return self._unbind_of_stack(node, ctx) or self._stack_of_unbind(node, ctx)
+        return (
+            self._unbind_of_stack(node, ctx)
+            or self._stack_of_unbind(node, ctx)
+            or self._stack_with_runs(node, ctx)
+        )
 
     def _unbind_of_stack(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         unbind = unbind_view(node, ctx)
@@ -92,10 +97,70 @@ class StackUnbind(NodeSetRule):
         after = Cost() if full else VIEW
         return Found((node,), before, after, ("whole", unbind.input, stack.dim, first, len(indices), full))
 
+    def _stack_with_runs(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
+        """stack([a, u[i], u[i+1], .., u[j], b, ..], d) with u = unbind(Y, e) -> cat([a.unsqueeze(d),
+        Y.narrow(e, i, n).movedim(e, d), b.unsqueeze(d), ..], d): each run of two or more
+        consecutive pieces of one unbind becomes one view (DLRM's interaction stacks the bottom
+        MLP output with the pieces of the fused feature projections)."""
+        stack = stack_view(node, ctx)
+        if stack is None or len(stack.tensors) < 3:
+            return None
+        parts: list[tuple[Any, ...]] = []  # ("one", t) or ("run", Y, e, start, n, count, tuple node)
+        tensors, i = stack.tensors, 0
+        while i < len(tensors):
+            run = _run_at(tensors, i, ctx)
+            if run is not None:
+                parts.append(run)
+                i += run[4]
+            else:
+                parts.append(("one", tensors[i]))
+                i += 1
+        runs = [p for p in parts if p[0] == "run"]
+        if not runs or len(parts) == 1:
+            return None  # no run, or one run alone (the _stack_of_unbind case)
+        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(node, None, ctx):
+            return None
+        n_views = sum(1 if p[0] == "one" else (p[4] != p[5]) + (p[2] != stack.dim) for p in parts)
+        before = copy_cost(node, ctx)
+        for p in runs:
+            if tuple_dies_with(p[6], [node]):
+                before = before + VIEW
+        after = copy_cost(node, ctx, inputs=len(parts)) + views(n_views)
+        return Found((node,), before, after, ("mixed", tuple(parts), stack.dim))
+
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         if data[0] == "items":
             return list(data[1])
+        if data[0] == "mixed":
+            _, parts, dim = data
+            pieces = []
+            for p in parts:
+                if p[0] == "one":
+                    pieces.append(b.method("unsqueeze", p[1], dim))
+                    continue
+                _, whole, e, start, n, count, _ = p
+                y = whole if n == count else b.call(torch.narrow, whole, e, start, n)
+                pieces.append(y if e == dim else b.method("movedim", y, e, dim))
+            return [b.call(torch.cat, pieces, dim)]
         _, source, dim, start, length, full = data
         if full:
             return [source]
         return [b.call(torch.narrow, source, dim, start, length)]
+
+
+def _run_at(tensors: Sequence[Any], i: int, ctx: RewriteContext) -> tuple[Any, ...] | None:
+    """("run", Y, e, start, n, count, tuple) if tensors[i:i+n] (n >= 2) are consecutive pieces of
+    one ``unbind(Y, e)``, taking the longest such run; else None."""
+    first = item_of(tensors[i])
+    if first is None:
+        return None
+    source, start = first
+    unbind = unbind_view(source, ctx)
+    if unbind is None:
+        return None
+    n = 1
+    while i + n < len(tensors) and item_of(tensors[i + n]) == (source, start + n):
+        n += 1
+    if n < 2 or start + n > unbind.count:
+        return None
+    return ("run", unbind.input, unbind.dim, start, n, unbind.count, source)

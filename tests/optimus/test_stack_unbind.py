@@ -86,3 +86,57 @@ def test_mixed_dtype_stack_promotes_so_pieces_are_not_its_inputs() -> None:
 
     gm = run(f, [torch.randn(2, 2), torch.randn(2, 2)], RULES)
     assert fired(gm, "stack_unbind") == 0
+
+
+@pytest.mark.parametrize(("udim", "sdim"), [(0, 1), (0, 0), (1, 2)])
+def test_runs_inside_a_bigger_stack_become_views_in_one_cat(udim: int, sdim: int) -> None:
+    """DLRM's interaction: stack([bottom, *pieces of the fused projections], d), here with two
+    runs of 20 pieces and two other tensors."""
+
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, udim)
+        a = y * 3.0
+        items = [a, *[p[i] for i in range(20)], a.tanh(), *[p[i] for i in range(20, 40)]]
+        return torch.stack(items, sdim) + 1.0
+
+    x = torch.randn(41, 4, 5) if udim == 0 else torch.randn(4, 41, 5)
+    gm = run(f, [x, torch.randn(4, 5)], RULES)
+    assert fired(gm, "stack_unbind") == 1
+    assert ops(gm, "stack") == 0 and ops(gm, "unbind") == 0
+    (cat,) = [n for n in gm.graph.nodes if n.target is torch.cat]
+    assert len(cat.args[0]) == 4  # a, the run p[0..19], tanh(a), the run p[20..39]
+
+
+def test_a_whole_unbind_with_an_extra_tensor_needs_no_narrow() -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        return torch.stack([y * 1.0, *[p[i] for i in range(20)]], 1)
+
+    gm = run(f, [torch.randn(20, 3, 2), torch.randn(3, 2)], RULES)
+    assert fired(gm, "stack_unbind") == 1
+    assert ops(gm, "narrow") == 0 and ops(gm, "stack") == 0
+
+
+@pytest.mark.parametrize("case", ["no_run", "permuted_run"])
+def test_stacks_without_a_run_are_left_alone(case: str) -> None:
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        items = [y * 1.0, p[0], y * 2.0, p[1]] if case == "no_run" else [y * 1.0, p[2], p[1], p[0]]
+        return torch.stack(items, 1)
+
+    gm = run(f, [torch.randn(3, 4, 2), torch.randn(4, 2)], RULES)
+    assert fired(gm, "stack_unbind") == 0
+    assert ops(gm, "stack") == 1
+
+
+def test_default_cost_model_declines_a_short_run_beside_many_singles() -> None:
+    """One two-piece run among four other tensors saves less than the views it adds."""
+    import optimus
+
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        return torch.stack([y * 1.0, y * 2.0, p[0], p[1], y * 3.0, y * 4.0], 1)
+
+    gm = run(f, [torch.randn(3, 4, 2), torch.randn(4, 2)], RULES, cost_model=optimus.AnalyticCostModel())
+    assert fired(gm, "stack_unbind") == 0
+    assert gm.optimus_report.declined.get("stack_unbind", 0) >= 1
