@@ -261,11 +261,20 @@ def test_uneven_sharing_falls_back_to_plain_stacking() -> None:
     assert_parity(mod, gm, xs)
 
 
-def test_default_cost_model_declines_two_shared_input_linears_on_cpu() -> None:
-    """One input read by two small linears: the default CPU cost model keeps them apart."""
+def test_default_cost_model_declines_a_small_shared_input_group_on_cpu() -> None:
+    """Two inputs read by two small linears each (the shared-input form): the default CPU cost
+    model keeps the four apart; with four inputs the same form pays and fires."""
     torch.manual_seed(0)
-    mod = GatedTowers(1, 8, 8)
-    xs = [torch.randn(1, 4, 8)]
-    gm = optimize_traced(mod, xs, rules=RULES, cost_model=optimus.AnalyticCostModel())
+    small = GatedTowers(2, 8, 8)
+    xs = [torch.randn(2, 4, 8)]
+    gm = optimize_traced(small, xs, rules=RULES, cost_model=optimus.AnalyticCostModel())
     assert gm.optimus_report.rules_fired == {}
-    assert count_calls(gm, F.linear) == 2
+    assert gm.optimus_report.declined == {"batch_linear": 1}
+    assert count_calls(gm, F.linear) == 4
+
+    big = GatedTowers(4, 8, 8)
+    xs = [torch.randn(4, 64, 8)]
+    gm = optimize_traced(big, xs, rules=RULES, cost_model=optimus.AnalyticCostModel())
+    assert gm.optimus_report.rules_fired == {"batch_linear": 1}
+    assert _stacked_inputs(gm) == 4
+    assert_parity(big, gm, xs)
