@@ -818,14 +818,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.phases = parse_list(args.phases, PHASES, "phases")
     except ValueError as exc:
         parser.error(str(exc))
+    check_run_args(parser, args)
+    if args.cost_reserve_s < 0:
+        parser.error("--cost-reserve-s must be >= 0")
+    return args
+
+
+def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks every GPU script's CLI shares (modes, rounds, iters, warm-up, budget, lr)."""
     if "eager" not in args.modes:
         parser.error("--modes must include eager (the parity and speedup reference)")
     for name in ("rounds", "iters"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
-    if args.warmup < 0 or args.threads < 0 or args.cost_reserve_s < 0 or args.budget_s <= 0 or args.lr <= 0:
-        parser.error("--warmup/--threads/--cost-reserve-s must be >= 0, --budget-s and --lr > 0")
-    return args
+    if args.warmup < 0 or args.threads < 0 or args.budget_s <= 0 or args.lr <= 0:
+        parser.error("--warmup/--threads must be >= 0, --budget-s and --lr > 0")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -237,13 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.phases = gpu_check.parse_list(args.phases, gpu_check.PHASES, "phases")
     except ValueError as exc:
         parser.error(str(exc))
-    if "eager" not in args.modes:
-        parser.error("--modes must include eager (the parity and speedup reference)")
-    for name in ("rounds", "iters"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    if args.warmup < 0 or args.threads < 0 or args.seed < 0 or args.budget_s <= 0 or args.lr <= 0:
-        parser.error("--warmup/--threads/--seed must be >= 0, --budget-s and --lr > 0")
+    gpu_check.check_run_args(parser, args)
+    if args.seed < 0:
+        parser.error("--seed must be >= 0")
     args.no_cost_models, args.cost_reserve_s = True, 0.0  # gpu_check.Run reads these
     return args
 

@@ -54,16 +54,26 @@ def _status(c: dict[str, Any] | None) -> str:
     return "missing" if c is None else str(c.get("status"))
 
 
+def _pair(
+    cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, name: str
+) -> tuple[dict[str, Any], dict[str, Any], str] | Verdict:
+    """(base cell, new cell, label) when both are ok; else the no-data verdict saying why."""
+    base = cells.get(CellKey(key.model, key.scale, base_mode, key.phase))
+    new = cells.get(key)
+    label = f"{key.model} {key.scale} {key.phase}"
+    if base is None or new is None or not (_ok(base) and _ok(new)):
+        return Verdict(name, label, f"{key.mode} {_status(new)}, {base_mode} {_status(base)}", None)
+    return base, new, label
+
+
 def _ratio(
     cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
 ) -> Verdict:
     """Speedup of ``key``'s mode over ``base_mode`` (median ratio with 95% bootstrap CI) >= goal."""
-    base = cells.get(CellKey(key.model, key.scale, base_mode, key.phase))
-    new = cells.get(key)
-    label = f"{key.model} {key.scale} {key.phase}"
-    if not (_ok(base) and _ok(new)):
-        return Verdict(name, label, f"{key.mode} {_status(new)}, {base_mode} {_status(base)}", None)
-    assert base is not None and new is not None
+    pair = _pair(cells, key, base_mode, name)
+    if isinstance(pair, Verdict):
+        return pair
+    base, new, label = pair
     s = speedup(base, new)
     return Verdict(name, label, f"{s['x']:.2f}x ({s['lo']:.2f}-{s['hi']:.2f})", s["x"] >= goal)
 
@@ -72,11 +82,12 @@ def _compile_ratio(
     cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
 ) -> Verdict:
     """compile_s of ``key`` / compile_s of ``base_mode`` <= goal."""
-    base = cells.get(CellKey(key.model, key.scale, base_mode, key.phase))
-    new = cells.get(key)
-    label = f"{key.model} {key.scale} {key.phase}"
-    if not (_ok(base) and _ok(new)) or base is None or new is None or not base.get("compile_s"):
-        return Verdict(name, label, f"{key.mode} {_status(new)}, {base_mode} {_status(base)}", None)
+    pair = _pair(cells, key, base_mode, name)
+    if isinstance(pair, Verdict):
+        return pair
+    base, new, label = pair
+    if not base.get("compile_s") or new.get("compile_s") is None:
+        return Verdict(name, label, "no compile time recorded", None)
     r = new["compile_s"] / base["compile_s"]
     return Verdict(
         name,
