@@ -417,3 +417,21 @@ def is_graph_output_alias(old: fx.Node, new: fx.Node) -> bool:
     model input or parameter's own storage instead of a copy? We decline that: a caller writing
     into the output would write into the input."""
     return new.op in ("placeholder", "get_attr") and any(u.op == "output" for u in old.users)
+
+
+def run_at(tensors: Sequence[Any], i: int, ctx: RewriteContext) -> tuple[Any, ...] | None:
+    """("run", Y, e, start, n, count, tuple) if tensors[i:i+n] (n >= 2) are consecutive pieces of
+    one ``unbind(Y, e)``, taking the longest such run; else None."""
+    first = item_of(tensors[i])
+    if first is None:
+        return None
+    source, start = first
+    unbind = unbind_view(source, ctx)
+    if unbind is None:
+        return None
+    n = 1
+    while i + n < len(tensors) and item_of(tensors[i + n]) == (source, start + n):
+        n += 1
+    if n < 2 or start + n > unbind.count:
+        return None
+    return ("run", unbind.input, unbind.dim, start, n, unbind.count, source)

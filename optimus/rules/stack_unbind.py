@@ -24,9 +24,9 @@ from ._split_cat_layout import layout_safe, same_dtypes
 from ._split_cat_util import (
     all_movable,
     is_graph_output_alias,
-    item_of,
     only_used_by,
     pieces_of,
+    run_at,
     stack_view,
     tuple_dies_with,
     unbind_run,
@@ -108,7 +108,7 @@ class StackUnbind(NodeSetRule):
         parts: list[tuple[Any, ...]] = []  # ("one", t) or ("run", Y, e, start, n, count, tuple node)
         tensors, i = stack.tensors, 0
         while i < len(tensors):
-            run = _run_at(tensors, i, ctx)
+            run = run_at(tensors, i, ctx)
             if run is not None:
                 parts.append(run)
                 i += run[4]
@@ -146,21 +146,3 @@ class StackUnbind(NodeSetRule):
         if full:
             return [source]
         return [b.call(torch.narrow, source, dim, start, length)]
-
-
-def _run_at(tensors: Sequence[Any], i: int, ctx: RewriteContext) -> tuple[Any, ...] | None:
-    """("run", Y, e, start, n, count, tuple) if tensors[i:i+n] (n >= 2) are consecutive pieces of
-    one ``unbind(Y, e)``, taking the longest such run; else None."""
-    first = item_of(tensors[i])
-    if first is None:
-        return None
-    source, start = first
-    unbind = unbind_view(source, ctx)
-    if unbind is None:
-        return None
-    n = 1
-    while i + n < len(tensors) and item_of(tensors[i + n]) == (source, start + n):
-        n += 1
-    if n < 2 or start + n > unbind.count:
-        return None
-    return ("run", unbind.input, unbind.dim, start, n, unbind.count, source)

@@ -26,6 +26,7 @@ from ._split_cat_util import (
     all_movable,
     cat_view,
     is_graph_output_alias,
+    run_at,
     tuple_dies_with,
     unbind_run,
 )
@@ -42,7 +43,7 @@ class UnbindCat(NodeSetRule):
             return None
         run = unbind_run(cat.tensors, ctx)
         if run is None:
-            return None
+            return self._runs_inside(node, cat, ctx)
         source, unbind, indices = run
         first = indices[0]
         if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
@@ -60,7 +61,55 @@ class UnbindCat(NodeSetRule):
         )
         return Found((node,), before, after, (unbind.input, u, c, first, len(indices), partial))
 
+    def _runs_inside(self, node: fx.Node, cat: Any, ctx: RewriteContext) -> Found | None:
+        """cat([a, *unbind(Y, u)[i..j], b, ..], c) -> cat([a, Y.narrow(u, i, n).movedim(u, c)
+        .flatten(c, c + 1), b, ..], c): each run of two or more consecutive pieces becomes one input.
+        Why: MMoE's per-feature adapters (fused into groups of up to 128) are concatenated with the
+        dense features; a cat of 386 pieces is 386 inputs forward and 386 slices in its backward."""
+        parts: list[tuple[Any, ...]] = []
+        tensors, i = cat.tensors, 0
+        while i < len(tensors):
+            run = run_at(tensors, i, ctx)
+            if run is not None:
+                parts.append(run)
+                i += run[4]
+            else:
+                parts.append(("one", tensors[i]))
+                i += 1
+        runs = [p for p in parts if p[0] == "run"]
+        if not runs or len(parts) == 1:
+            return None
+        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(node, None, ctx):
+            return None
+        c = cat.dim
+        before = copy_cost(node, ctx)
+        after = copy_cost(node, ctx, inputs=len(parts))
+        for p in runs:
+            _, y, u, _, n, count, source = p
+            if tuple_dies_with(source, [node]):
+                before = before + VIEW
+            after = after + views(int(n != count) + int(u != c))
+            y_meta = ctx.meta(y)
+            if u != c or n != count:  # the flatten copies this run once more
+                run_bytes = 0.0 if y_meta is None else 2.0 * y_meta.nbytes * n / max(count, 1)
+                after = after + Cost(launches=1.0, bytes=run_bytes)
+        return Found((node,), before, after, ("mixed", tuple(parts), c))
+
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        if data[0] == "mixed":
+            _, parts, c = data
+            inputs = []
+            for p in parts:
+                if p[0] == "one":
+                    inputs.append(p[1])
+                    continue
+                _, y, u, start, n, count, _ = p
+                if n != count:
+                    y = b.call(torch.narrow, y, u, start, n)
+                if u != c:
+                    y = b.call(torch.movedim, y, u, c)
+                inputs.append(b.call(torch.flatten, y, c, c + 1))
+            return [b.call(torch.cat, inputs, c)]
         y, u, c, first, count, partial = data
         if partial:
             y = b.call(torch.narrow, y, u, first, count)

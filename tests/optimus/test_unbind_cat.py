@@ -52,3 +52,36 @@ def test_must_not_fire(case) -> None:  # type: ignore[no-untyped-def]
 
     gm = run(f, [torch.randn(2, 3, 2)], RULES)
     assert fired(gm, "unbind_cat") == 0 and ops(gm, "cat") == 1
+
+
+@pytest.mark.parametrize(("udim", "cdim"), [(0, 1), (0, 0), (1, 1)])
+def test_runs_inside_a_bigger_cat_become_one_input_each(udim: int, cdim: int) -> None:
+    """MMoE's shape: cat([*adapter pieces (two fused groups), dense features], 1), launch-bound."""
+
+    def f(self, x, y, d):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, udim)
+        q = torch.unbind(y * 3.0, udim)
+        return torch.cat([*[p[i] for i in range(40)], d * 1.0, *[q[i] for i in range(1, 40)]], cdim) + 1.0
+
+    x = torch.randn(40, 4, 5) if udim == 0 else torch.randn(4, 40, 5)
+    d = torch.randn(4, 5)  # the shape of one piece
+    gm = run(f, [x, x.clone(), d], RULES)
+    assert fired(gm, "unbind_cat") == 1
+    assert ops(gm, "unbind") == 0
+    (cat,) = [n for n in gm.graph.nodes if n.target is torch.cat]
+    assert len(cat.args[0]) == 3  # the run of p, d, the run of q[1..39]
+
+
+def test_default_cost_model_declines_runs_inside_a_cat_on_cpu() -> None:
+    """On CPU a run's flatten is one more copy of its bytes: the default model keeps the cat."""
+    import optimus
+
+    def f(self, x, d):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        return torch.cat([*[p[i] for i in range(100)], d * 1.0], 1)
+
+    gm = run(
+        f, [torch.randn(100, 256, 8), torch.randn(256, 32)], RULES, cost_model=optimus.AnalyticCostModel()
+    )
+    assert fired(gm, "unbind_cat") == 0
+    assert gm.optimus_report.declined.get("unbind_cat", 0) >= 1
