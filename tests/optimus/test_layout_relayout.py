@@ -77,7 +77,7 @@ def test_grads_accumulate_and_zero_like_the_unfused_model() -> None:
     model, x = Linears(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
-    for step in range(3):
+    for step in range(5):
         gm(x).sum().backward()
         ref(x).sum().backward()
         for got, exp in zip(grads(model), grads(ref), strict=True):
@@ -89,6 +89,9 @@ def test_grads_accumulate_and_zero_like_the_unfused_model() -> None:
         if step == 1:  # a user-set gradient on one parameter is kept and accumulated onto
             for m in (model, ref):
                 m.linears[0].weight.grad = torch.ones_like(m.linears[0].weight)
+        if step == 2:  # cleared: the next backward's gradient is taken as is, then accumulated onto
+            for m in (model, ref):
+                m.zero_grad(set_to_none=True)
 
 
 def test_state_dict_and_checkpoint_round_trip() -> None:
