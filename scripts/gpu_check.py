@@ -847,14 +847,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return run_all(args, device, budget, precision)
 
 
-def run_all(
-    args: argparse.Namespace, device: torch.device, budget: Budget, precision: dict[str, Any]
-) -> dict[str, Any]:
-    """The groups (configs x phases), then the cost models; prints the tables, writes the JSON."""
-    env = environment(device)
-    env["start"] = now_iso()
-    settings = {
-        "configs": args.configs,
+def base_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run settings every GPU script records (timing, budget, precision, tolerances)."""
+    return {
         "modes": args.modes,
         "phases": args.phases,
         "rounds": args.rounds,
@@ -866,6 +861,18 @@ def run_all(
         "atol": ATOL,
         "rtol": RTOL,
         "grad_rel_tol": GRAD_REL_TOL,
+    }
+
+
+def run_all(
+    args: argparse.Namespace, device: torch.device, budget: Budget, precision: dict[str, Any]
+) -> dict[str, Any]:
+    """The groups (configs x phases), then the cost models; prints the tables, writes the JSON."""
+    env = environment(device)
+    env["start"] = now_iso()
+    settings = {
+        "configs": args.configs,
+        **base_settings(args),
         "parity": f"infer: outputs vs eager; train: parameters after {PARITY_STEPS} identical SGD steps vs eager "
         "(parity_ok: allclose), update_rel_diff, and gradients of one more fwd+bwd (grad_ok)",
         "dynamo_reset": "before each (config, phase) group; each compiled mode has its own entry code object",

@@ -435,3 +435,19 @@ def run_at(tensors: Sequence[Any], i: int, ctx: RewriteContext) -> tuple[Any, ..
     if n < 2 or start + n > unbind.count:
         return None
     return ("run", unbind.input, unbind.dim, start, n, unbind.count, source)
+
+
+def split_runs(tensors: Sequence[Any], ctx: RewriteContext) -> list[tuple[Any, ...]]:
+    """``tensors`` cut into ("one", t) items and ("run", Y, e, start, n, count, tuple) runs of two
+    or more consecutive pieces of one ``unbind(Y, e)`` (see ``run_at``), in order."""
+    parts: list[tuple[Any, ...]] = []
+    i = 0
+    while i < len(tensors):
+        run = run_at(tensors, i, ctx)
+        if run is not None:
+            parts.append(run)
+            i += run[4]
+        else:
+            parts.append(("one", tensors[i]))
+            i += 1
+    return parts

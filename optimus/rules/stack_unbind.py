@@ -26,7 +26,7 @@ from ._split_cat_util import (
     is_graph_output_alias,
     only_used_by,
     pieces_of,
-    run_at,
+    split_runs,
     stack_view,
     tuple_dies_with,
     unbind_run,
@@ -105,16 +105,8 @@ class StackUnbind(NodeSetRule):
         stack = stack_view(node, ctx)
         if stack is None or len(stack.tensors) < 3:
             return None
-        parts: list[tuple[Any, ...]] = []  # ("one", t) or ("run", Y, e, start, n, count, tuple node)
-        tensors, i = stack.tensors, 0
-        while i < len(tensors):
-            run = run_at(tensors, i, ctx)
-            if run is not None:
-                parts.append(run)
-                i += run[4]
-            else:
-                parts.append(("one", tensors[i]))
-                i += 1
+        tensors = stack.tensors
+        parts = split_runs(tensors, ctx)  # ("one", t) or ("run", Y, e, start, n, count, tuple node)
         runs = [p for p in parts if p[0] == "run"]
         if not runs or len(parts) == 1:
             return None  # no run, or one run alone (the _stack_of_unbind case)

@@ -26,7 +26,7 @@ from ._split_cat_util import (
     all_movable,
     cat_view,
     is_graph_output_alias,
-    run_at,
+    split_runs,
     tuple_dies_with,
     unbind_run,
 )
@@ -66,16 +66,8 @@ class UnbindCat(NodeSetRule):
         .flatten(c, c + 1), b, ..], c): each run of two or more consecutive pieces becomes one input.
         Why: MMoE's per-feature adapters (fused into groups of up to 128) are concatenated with the
         dense features; a cat of 386 pieces is 386 inputs forward and 386 slices in its backward."""
-        parts: list[tuple[Any, ...]] = []
-        tensors, i = cat.tensors, 0
-        while i < len(tensors):
-            run = run_at(tensors, i, ctx)
-            if run is not None:
-                parts.append(run)
-                i += run[4]
-            else:
-                parts.append(("one", tensors[i]))
-                i += 1
+        tensors = cat.tensors
+        parts = split_runs(tensors, ctx)
         runs = [p for p in parts if p[0] == "run"]
         if not runs or len(parts) == 1:
             return None
