@@ -88,7 +88,7 @@ def _view_fn(kind: _Kind, sizes: Sequence[int]) -> Callable[[torch.Tensor], list
     if kind.op == "cat":
         return lambda t: list(torch.split(t, list(sizes), 0))
     if kind.transpose:
-        return lambda t: [piece.t() for piece in t.unbind(0)]
+        return lambda t: list(t.transpose(1, 2).unbind(0))  # one transpose, not G (the backward's hot path)
     return lambda t: list(t.unbind(0))
 
 
