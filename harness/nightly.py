@@ -34,7 +34,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 
 from harness import compare, results
 from harness.env import REPO_ROOT, git_info
+from harness.results import write_atomic
 from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig
 
 DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "nightly_thresholds.json"
@@ -154,20 +154,6 @@ def load_history(store: Path) -> dict[str, Any]:
     ):
         raise ValueError(f"{path}: not a nightly history of schema {HISTORY_SCHEMA}")
     return doc
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def last_good(history: dict[str, Any], store: Path) -> dict[str, Any] | None:

@@ -148,22 +148,27 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     return validate(doc, str(p))
 
 
-def save_atomic(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
-    """Validate, then write ``doc`` so that readers see the old file or the new one, never half."""
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` so that readers see the old file or the new one, never half (temp + fsync +
+    rename in the same folder). The one atomic writer of the harness and its scripts."""
     p = Path(path)
-    validate(doc, str(p))
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_atomic(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """Validate, then write ``doc`` atomically (see ``write_atomic``)."""
+    validate(doc, str(path))
+    write_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def upsert_cell(doc: dict[str, Any], cell: dict[str, Any]) -> None:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from harness.paper import speedup
-from harness.results import cell_map, load
+from harness.results import cell_map, load, write_atomic
 from harness.spec import CellKey
 
 SPEED_FAMILIES = ("towers", "mmoe")
@@ -183,11 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     found = verdicts(load(p) for p in args.results)
     print(render(found))
     if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump([asdict(v) for v in found], f, indent=1)
-        os.replace(tmp, args.json)
+        write_atomic(args.json, json.dumps([asdict(v) for v in found], indent=1) + "\n")
     return 0
 
 
