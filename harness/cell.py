@@ -93,6 +93,26 @@ def compare_grads(ref: Any, mod: Any, original: dict[str, Any], atol: float, rto
     return {"grads_compared": compared, "grads_total": len(ref_params), "max_grad_err": worst, "bad": bad}
 
 
+def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
+    """The tensors alive through a whole step: parameters, buffers and optimizer state.
+
+    Gradients are not among them: the training step begins with
+    ``zero_grad(set_to_none=True)``, and backward allocates them again inside the step, where
+    the allocator peak already counts them. This drops the previous step's gradients now, so
+    the profiled step starts without them (their free would be invisible to the profiler);
+    counting ``p.grad`` here as well counted every gradient twice (session 2's CPU figures).
+    """
+    import torch
+
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    static: list[Any] = list(module.parameters()) + list(module.buffers())
+    static += [p.grad for p in module.parameters() if p.grad is not None]  # a user-kept grad
+    if optimizer is not None:
+        static += [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return static
+
+
 def dynamo_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
@@ -218,11 +238,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     compiled = key.mode.startswith("compile")
     cell["compile_s"] = prepared.prepare_s + (max(0.0, first_call_s - median_s) if compiled else 0.0)
 
-    static: list[Any] = list(module.parameters()) + list(module.buffers())
-    static += [p.grad for p in module.parameters() if p.grad is not None]
-    if optimizer is not None:
-        static += [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    cell.update(measure.step_peak_memory(step, device, static))
+    cell.update(measure.step_peak_memory(step, device, step_static_tensors(module, optimizer)))
 
     if compiled:
         counts = dynamo_counts()

@@ -94,7 +94,7 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
         "## Plots\n",
         *[f"![{n}]({n})" for n in image_names],
         "",
-        "Peak memory on CPU: bytes of parameters, buffers, gradients and optimizer state plus the "
+        "Peak memory on CPU: bytes of parameters, buffers and optimizer state plus the "
         "peak of the torch allocator's own allocations during one step (torch.profiler memory events); "
         "on CUDA: torch.cuda.max_memory_allocated.",
     ]
