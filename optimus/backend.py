@@ -20,6 +20,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .config import OptimusConfig
+from .cost import for_inductor
 from .report import OptimusReport
 
 log = logging.getLogger("optimus")
@@ -34,8 +35,13 @@ def _remember(report: OptimusReport) -> None:
 
 
 def backend(config: OptimusConfig | None = None, inner: Any = None) -> Any:
-    """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor)."""
+    """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
+
+    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``).
+    """
     cfg = config or OptimusConfig()
+    if inner is None:
+        cfg = cfg.with_(cost_model=for_inductor(cfg.cost_model))
 
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
         from .api import optimize_graph_module
@@ -66,7 +72,8 @@ class OptimusPreGradPass(CustomGraphPass):
     """Optimus as an Inductor pre-grad custom pass (works on the graph in place)."""
 
     def __init__(self, config: OptimusConfig | None = None) -> None:
-        self.config = config or OptimusConfig()
+        cfg = config or OptimusConfig()
+        self.config = cfg.with_(cost_model=for_inductor(cfg.cost_model))  # Inductor compiles it
 
     def __call__(self, graph: fx.Graph) -> None:
         from .api import optimize_graph_module

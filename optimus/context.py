@@ -48,6 +48,11 @@ class RewriteContext:
         self.leftovers: list[fx.Node] = []
 
     # -- what rules read ---------------------------------------------------------------------
+    @property
+    def inductor(self) -> bool:
+        """Whether Inductor compiles the result (the cost model says so; see ``optimus.cost``)."""
+        return getattr(self.cost_model, "inductor", False) is True
+
     def canon(self, node: Any) -> Canon | None:
         if not isinstance(node, fx.Node):
             return None

@@ -156,9 +156,12 @@ class MeasuredCostModel:
     max_group: int = 128
     constants: dict[str, DeviceConstants] = field(default_factory=dict)
     directory: Path | None = None
+    inductor: bool = False  # the graph goes to Inductor (see optimus.cost)
 
     def __post_init__(self) -> None:
-        AnalyticCostModel(min_group=self.min_group, max_group=self.max_group)  # same validation
+        AnalyticCostModel(
+            min_group=self.min_group, max_group=self.max_group, inductor=self.inductor
+        )  # same validation
         if not self.constants:  # calibrate now: the model's fingerprint must not change later
             self.constants["cpu"] = constants_for(torch.device("cpu"), self.directory)
             if torch.cuda.is_available():

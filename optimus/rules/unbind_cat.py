@@ -65,7 +65,8 @@ class UnbindCat(NodeSetRule):
         """cat([a, *unbind(Y, u)[i..j], b, ..], c) -> cat([a, Y.narrow(u, i, n).movedim(u, c)
         .flatten(c, c + 1), b, ..], c): each run of two or more consecutive pieces becomes one input.
         Why: MMoE's per-feature adapters (fused into groups of up to 128) are concatenated with the
-        dense features; a cat of 386 pieces is 386 inputs forward and 386 slices in its backward."""
+        dense features; a cat of 386 pieces is 386 inputs forward and 386 slices in its backward.
+        Eager declines it on CPU (the flatten is one more copy); under Inductor it is free."""
         tensors = cat.tensors
         parts = split_runs(tensors, ctx)
         runs = [p for p in parts if p[0] == "run"]
@@ -74,6 +75,10 @@ class UnbindCat(NodeSetRule):
         if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(node, None, ctx):
             return None
         c = cat.dim
+        # Under Inductor the flatten is written straight into the cat's output (no copy of its
+        # own), and each cat input is one more loop nest of C++ to generate and compile: dcn
+        # medium's 121-input cat was a 4,295-line kernel.
+        inductor = ctx.inductor
         before = copy_cost(node, ctx)
         after = copy_cost(node, ctx, inputs=len(parts))
         for p in runs:
@@ -82,7 +87,7 @@ class UnbindCat(NodeSetRule):
                 before = before + VIEW
             after = after + views(int(n != count) + int(u != c))
             y_meta = ctx.meta(y)
-            if u != c or n != count:  # the flatten copies this run once more
+            if (u != c or n != count) and not inductor:  # eager: the flatten copies this run once more
                 run_bytes = 0.0 if y_meta is None else 2.0 * y_meta.nbytes * n / max(count, 1)
                 after = after + Cost(launches=1.0, bytes=run_bytes)
         return Found((node,), before, after, ("mixed", tuple(parts), c))

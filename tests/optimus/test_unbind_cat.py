@@ -85,3 +85,41 @@ def test_default_cost_model_declines_runs_inside_a_cat_on_cpu() -> None:
     )
     assert fired(gm, "unbind_cat") == 0
     assert gm.optimus_report.declined.get("unbind_cat", 0) >= 1
+
+
+def test_inductor_priced_model_takes_runs_inside_a_cat_that_eager_declines() -> None:
+    """Under Inductor the run's flatten is written into the cat's own loop: the same graph the
+    eager CPU model keeps (test above) is rewritten, with forward and backward parity."""
+    import optimus
+
+    def f(self, x, d):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        return torch.cat([*[p[i] for i in range(100)], d * 1.0], 1)
+
+    gm = run(
+        f,
+        [torch.randn(100, 256, 8), torch.randn(256, 32)],
+        RULES,
+        cost_model=optimus.AnalyticCostModel(inductor=True),
+    )
+    assert fired(gm, "unbind_cat") == 1
+    assert ops(gm, "unbind") == 0
+    (cat,) = [n for n in gm.graph.nodes if n.target is torch.cat]
+    assert len(cat.args[0]) == 2
+
+
+def test_inductor_priced_model_still_declines_what_cannot_be_rewritten() -> None:
+    """Pricing for Inductor changes costs, not safety: permuted pieces stay a cat."""
+    import optimus
+
+    def f(self, x, d):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x * 2.0, 0)
+        return torch.cat([*[p[i] for i in reversed(range(10))], d * 1.0], 1)
+
+    gm = run(
+        f,
+        [torch.randn(10, 4, 8), torch.randn(4, 3)],
+        RULES,
+        cost_model=optimus.AnalyticCostModel(inductor=True),
+    )
+    assert fired(gm, "unbind_cat") == 0 and ops(gm, "cat") == 1
