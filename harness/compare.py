@@ -42,7 +42,7 @@ class Row:
     base: Any
     new: Any
     change: float | None  # relative change new/base - 1
-    verdict: str  # regression | improvement | no change | missing
+    verdict: str  # regression | improvement | no change | missing | not comparable
     p_value: float | None = None
     ci: tuple[float, float] | None = None  # bootstrap CI of the median ratio
 
@@ -112,8 +112,22 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
             )
         )
         if b.get("peak_mem_bytes") is not None and n.get("peak_mem_bytes") is not None:
-            v, c = _scalar(b["peak_mem_bytes"], n["peak_mem_bytes"], th.memory, th.memory_abs)
-            rows.append(Row(label, "peak_mem_bytes", b["peak_mem_bytes"], n["peak_mem_bytes"], c, v))
+            if b.get("peak_mem_method") != n.get("peak_mem_method"):
+                # Measured another way (e.g. before the CPU gradient fix): a change here says
+                # nothing about the code, so it is shown but never judged.
+                rows.append(
+                    Row(
+                        label,
+                        "peak_mem_bytes",
+                        b["peak_mem_bytes"],
+                        n["peak_mem_bytes"],
+                        None,
+                        "not comparable",
+                    )
+                )
+            else:
+                v, c = _scalar(b["peak_mem_bytes"], n["peak_mem_bytes"], th.memory, th.memory_abs)
+                rows.append(Row(label, "peak_mem_bytes", b["peak_mem_bytes"], n["peak_mem_bytes"], c, v))
         if b.get("compile_s") is not None and n.get("compile_s") is not None:
             v, c = _scalar(b["compile_s"], n["compile_s"], th.compile, th.compile_abs)
             rows.append(Row(label, "compile_s", b["compile_s"], n["compile_s"], c, v))
@@ -138,7 +152,7 @@ def _fmt(metric: str, v: Any) -> str:
 
 def format_rows(rows: list[Row]) -> str:
     """Markdown table of the comparison, regressions first."""
-    order = {"regression": 0, "missing": 1, "improvement": 2, "no change": 3}
+    order = {"regression": 0, "missing": 1, "not comparable": 2, "improvement": 3, "no change": 4}
     lines = [
         "| cell | metric | base | new | change | p (MWU) | 95% CI new/base | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",

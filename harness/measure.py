@@ -120,6 +120,28 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
 
 
 def cpu_step_peak_bytes(step: Callable[[], object]) -> int:
+    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU)."""
+    return cpu_step_peak(step)[0]
+
+
+def _peak_place(names: list[str]) -> str | None:
+    """A short name for where a peak falls, from the profiler events around it (outermost
+    first): the outermost one (the autograd node in backward, the op or compiled graph in
+    forward) and, when different, the innermost aten op."""
+    names = [n for n in names if not n.startswith("ProfilerStep") and n != "[memory]"]
+    if not names:
+        return None
+
+    def short(n: str) -> str:
+        n = n.removeprefix("autograd::engine::evaluate_function: ")
+        return "compiled graph" if n.startswith("## Call CompiledFxGraph") else n
+
+    outer = short(names[0])
+    inner = next((short(n) for n in reversed(names) if n.startswith("aten::")), None)
+    return outer if inner is None or inner == outer else f"{outer} > {inner}"
+
+
+def cpu_step_peak(step: Callable[[], object]) -> tuple[int, str | None]:
     """Peak bytes allocated by ``step`` above what was allocated when it started (CPU).
 
     Method: torch.profiler with ``profile_memory=True`` records every allocation and free of
@@ -136,15 +158,25 @@ def cpu_step_peak_bytes(step: Callable[[], object]) -> int:
         out = step()
         del out
     try:
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
-        deltas = sorted(((e.start_ns(), e.nbytes()) for e in events), key=lambda p: p[0])
+        events = list(prof.profiler.kineto_results.events())  # type: ignore[union-attr]
+        deltas = sorted(
+            ((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"), key=lambda p: p[0]
+        )
+        spans = [
+            (e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events if e.name() != "[memory]"
+        ]
     except AttributeError as e:  # private profiler API moved
         raise RuntimeError(f"cannot read allocator events from torch.profiler: {e}") from e
     cur = peak = 0
-    for _, nbytes in deltas:
+    at: int | None = None
+    for t, nbytes in deltas:
         cur += nbytes
-        peak = max(peak, cur)
-    return peak
+        if cur > peak:
+            peak, at = cur, t
+    if at is None:
+        return peak, None
+    around = sorted((s for s in spans if s[0] <= at <= s[1]), key=lambda s: (s[0], -s[1]))
+    return peak, _peak_place([name for _, _, name in around])
 
 
 def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:
@@ -158,6 +190,11 @@ def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:
     del out
     torch.cuda.synchronize()
     return start, torch.cuda.max_memory_allocated()
+
+
+# Named apart from the old "static tensors + torch.profiler allocator peak", which also counted
+# the gradients in the static part (twice in training): compare never judges across the two.
+CPU_MEMORY_METHOD = "parameters, buffers and optimizer state + torch.profiler allocator peak"
 
 
 def step_peak_memory(
@@ -175,11 +212,12 @@ def step_peak_memory(
             "peak_mem_bytes": int(peak),
             "peak_mem_static_bytes": int(start),
             "peak_mem_step_bytes": int(peak - start),
+            "peak_mem_at": None,
             "peak_mem_method": "cuda.max_memory_allocated",
         }
     static = storage_bytes(static_tensors)
     try:
-        delta = cpu_step_peak_bytes(step)
+        delta, where = cpu_step_peak(step)
     except RuntimeError as e:  # a missing figure, not a failed cell
         return {
             "peak_mem_bytes": None,
@@ -190,5 +228,6 @@ def step_peak_memory(
         "peak_mem_bytes": int(static + delta),
         "peak_mem_static_bytes": int(static),
         "peak_mem_step_bytes": int(delta),
-        "peak_mem_method": "static tensors + torch.profiler allocator peak",
+        "peak_mem_at": where,
+        "peak_mem_method": CPU_MEMORY_METHOD,
     }

@@ -26,6 +26,8 @@ def _cell_text(c: dict[str, Any] | None, what: str, mem_scale: int = 2**20) -> s
         return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / mem_scale:.4g}"
     if what == "compile":
         return "-" if c.get("compile_s") is None else f"{c['compile_s']:.2f}"
+    if what == "peak_at":
+        return c.get("peak_mem_at") or "-"
     if what == "nodes":
         nb, na = c.get("nodes_before"), c.get("nodes_after")
         return "-" if nb is None else f"{nb} -> {na}"
@@ -87,6 +89,11 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
         "## Per mode\n",
         grid(doc, "latency", "Median step latency, ms (IQR)"),
         grid(doc, "memory", f"Peak memory of one step, {unit}", mem_scale),
+        *(
+            [grid(doc, "peak_at", "Where the step's memory peak falls (CPU; profiler op around it)")]
+            if any(c.get("peak_mem_at") for c in doc["cells"])
+            else []
+        ),
         grid(doc, "compile", "Compile time, s (caches off)"),
         grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),
         "## Failed, timed-out and mismatched cells\n",

@@ -38,3 +38,49 @@ def test_inference_static_is_parameters_and_buffers() -> None:
     static = step_static_tensors(model, None)
     expected = measure.storage_bytes([*model.parameters(), *model.buffers()])
     assert measure.storage_bytes(static) == expected
+
+
+def test_peak_place_names_the_op_the_peak_falls_in() -> None:
+    x, w = torch.randn(64, 256), torch.randn(256, 1024)
+
+    def step() -> torch.Tensor:
+        return (x @ w).relu().sum()  # the peak: the mm's output and relu's output live at once
+
+    peak, where = measure.cpu_step_peak(step)
+    assert peak >= 2 * 64 * 1024 * 4
+    assert where is not None and "relu" in where, where
+    assert measure.step_peak_memory(step, "cpu", [x, w])["peak_mem_at"] == where
+
+
+def test_peak_place_shortens_backward_and_compiled_names() -> None:
+    place = measure._peak_place
+    names = [
+        "autograd::engine::evaluate_function: EmbeddingBagBackward0",
+        "EmbeddingBagBackward0",
+        "aten::sort",
+    ]
+    assert place(names) == "EmbeddingBagBackward0 > aten::sort"
+    assert place(["## Call CompiledFxGraph fabc ##"]) == "compiled graph"
+    assert place(["aten::mm"]) == "aten::mm"
+    assert place([]) is None
+
+
+def test_compare_never_judges_memory_measured_two_ways() -> None:
+    from harness import compare
+    from tests.harness import synthetic
+
+    old = synthetic.cell("towers", "compile", "train", 10.0, seed=1, mem=97_000_000)
+    new = synthetic.cell("towers", "compile", "train", 10.0, seed=2, mem=66_000_000)
+    old["peak_mem_method"] = "static tensors + torch.profiler allocator peak"
+    new["peak_mem_method"] = measure.CPU_MEMORY_METHOD
+    rows = compare.compare_docs(synthetic.doc([old]), synthetic.doc([new]))
+    (mem,) = [r for r in rows if r.metric == "peak_mem_bytes"]
+    assert mem.verdict == "not comparable" and mem.change is None
+    assert "not comparable" in compare.format_rows(rows)
+    new["peak_mem_method"] = old["peak_mem_method"]  # same method: judged as before
+    (mem,) = [
+        r
+        for r in compare.compare_docs(synthetic.doc([old]), synthetic.doc([new]))
+        if r.metric == "peak_mem_bytes"
+    ]
+    assert mem.verdict == "improvement"
