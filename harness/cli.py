@@ -131,6 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 
     p = sub.add_parser(
+        "ab",
+        help="time two or more modes of one model side by side in one process, interleaved round by round",
+    )
+    p.add_argument("--model", required=True, help="model family")
+    p.add_argument("--scale", default="tiny", help="model scale preset (default: tiny)")
+    p.add_argument("--phase", default="infer", help="infer or train (default: infer)")
+    p.add_argument("--modes", default="compile,compile+optimus",
+                   help="comma list; the first is the base of the speedups (default: compile,compile+optimus)")  # fmt: skip
+    p.add_argument(
+        "--rounds", type=int, default=15, help="rounds; each times every mode in turn (default: 15)"
+    )
+    p.add_argument("--steps", type=int, default=5, help="steps per mode per round (default: 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (default: 3)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default (default: 1)")
+    p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs the base mode (absolute)")
+    p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs the base mode (relative)")
+    p.add_argument("--out", help="also write the result as JSON here (atomically)")
+    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+
+    p = sub.add_parser(
         "nightly", help="run the suite, compare with the last good nightly; exit 1 on a regression"
     )
     from harness.nightly import add_arguments as add_nightly_arguments
@@ -262,6 +284,26 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ab(args: argparse.Namespace) -> int:
+    import json
+
+    from harness import interleaved, results
+
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    doc = interleaved.run_ab(
+        args.model, args.scale, args.phase, names,
+        rounds=args.rounds, steps=args.steps, warmup=args.warmup, device=_resolve_device(args.device),
+        seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    print(interleaved.format_ab(doc))
+    if args.out:
+        results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    mismatched = [m for m, r in doc["modes"].items() if not r.get("parity_vs_base", {"ok": True})["ok"]]
+    return 1 if mismatched else 0
+
+
 def cmd_nightly(args: argparse.Namespace) -> int:
     from harness.nightly import main_from_args
 
@@ -275,6 +317,7 @@ COMMANDS = {
     "compare": cmd_compare,
     "report": cmd_report,
     "reproduce": cmd_reproduce,
+    "ab": cmd_ab,
     "nightly": cmd_nightly,
 }
 

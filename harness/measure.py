@@ -134,7 +134,8 @@ def _peak_place(names: list[str]) -> str | None:
 
     def short(n: str) -> str:
         n = n.removeprefix("autograd::engine::evaluate_function: ")
-        return "compiled graph" if n.startswith("## Call CompiledFxGraph") else n
+        compiled = n.startswith(("## Call CompiledFxGraph", "Torch-Compiled Region"))
+        return "compiled graph" if compiled else n
 
     outer = short(names[0])
     inner = next((short(n) for n in reversed(names) if n.startswith("aten::")), None)

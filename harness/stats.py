@@ -67,3 +67,17 @@ def bootstrap_median_ratio(
     ratios = mn / np.maximum(mb, 1e-300)
     lo, hi = np.percentile(ratios, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
+
+
+def bootstrap_median(
+    values: Sequence[float], *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Seeded percentile bootstrap confidence interval of the median of ``values`` (e.g. the
+    per-round paired ratios of an interleaved run, where pairing already cancelled the drift)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("values: empty; need at least one sample")
+    rng = np.random.default_rng(seed)
+    meds = np.median(rng.choice(x, size=(n_boot, len(x)), replace=True), axis=1)
+    lo, hi = np.percentile(meds, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)

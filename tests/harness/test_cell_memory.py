@@ -61,6 +61,7 @@ def test_peak_place_shortens_backward_and_compiled_names() -> None:
     ]
     assert place(names) == "EmbeddingBagBackward0 > aten::sort"
     assert place(["## Call CompiledFxGraph fabc ##"]) == "compiled graph"
+    assert place(["Torch-Compiled Region: 0/0", "aten::mm"]) == "compiled graph > aten::mm"
     assert place(["aten::mm"]) == "aten::mm"
     assert place([]) is None
 
