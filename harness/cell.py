@@ -93,6 +93,58 @@ def compare_grads(ref: Any, mod: Any, original: dict[str, Any], atol: float, rto
     return {"grads_compared": compared, "grads_total": len(ref_params), "max_grad_err": worst, "bad": bad}
 
 
+def build_model(provider: str, model: str, scale: str, device: str, seed: int) -> Any:
+    """The provider's model. Without the builder's own Dynamo capture (for meta["dense_nodes"]):
+    it would pre-pay Dynamo's first-use cost outside the timed first call, and takes seconds at
+    large scales."""
+    builder = load_provider(provider)
+    kwargs: dict[str, Any] = {}
+    if "count_nodes" in inspect.signature(builder).parameters:
+        kwargs["count_nodes"] = False
+    return builder(model, scale=scale, device=device, seed=seed, **kwargs)
+
+
+def example_inputs(b: Any, batches: list[Any]) -> tuple[Any, ...]:
+    """The dense arch's inputs for the first batch (what a mode is prepared with)."""
+    import torch
+
+    with torch.no_grad():
+        return tuple(t.detach() for t in b.dense_inputs(batches[0]))
+
+
+def forward_fn(b: Any, train: bool) -> Callable[[Any, Any], Any]:
+    """``forward(module, batch)``: the logits; in training also the loss and its backward."""
+    import torch
+
+    def forward(m: Any, batch: Any) -> Any:
+        if train:
+            logits = m(*batch.inputs)
+            b.loss(logits, batch.labels).backward()
+            return logits
+        with torch.no_grad():
+            return m(*batch.inputs)
+
+    return forward
+
+
+def step_fn(
+    module: Any, batches: list[Any], optimizer: Any, forward: Callable[[Any, Any], Any]
+) -> Callable[[], Any]:
+    """One timed step over the batches in turn: (zero_grad, forward+backward, optimizer step)."""
+    cycle = itertools.cycle(batches)
+
+    def step() -> Any:
+        batch = next(cycle)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        out = forward(module, batch)
+        if optimizer is not None:
+            optimizer.step()
+        return out
+
+    return step
+
+
 def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
     """The tensors alive through a whole step: parameters, buffers and optimizer state.
 
@@ -131,13 +183,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(cfg["threads"]))
     device = cfg.get("device", "cpu")
     t_build = time.perf_counter()
-    builder = load_provider(cfg["provider"])
-    kwargs: dict[str, Any] = {}
-    if "count_nodes" in inspect.signature(builder).parameters:
-        # The builder's own Dynamo capture (for meta["dense_nodes"]) would pre-pay Dynamo's
-        # first-use cost outside the timed first call, and takes seconds at large scales.
-        kwargs["count_nodes"] = False
-    b = builder(key.model, scale=key.scale, device=device, seed=int(cfg["seed"]), **kwargs)
+    b = build_model(cfg["provider"], key.model, key.scale, device, int(cfg["seed"]))
     cell["build_s"] = time.perf_counter() - t_build
     meta = dict(getattr(b, "meta", {}) or {})
     cell["meta"] = {
@@ -153,23 +199,14 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     if ref is not None:
         ref.train(train)
 
-    with torch.no_grad():
-        example = tuple(t.detach() for t in b.dense_inputs(batches[0]))
+    example = example_inputs(b, batches)
     original = dict(module.named_parameters())
     prepared = modes.prepare(key.mode, module.dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
-
-    def forward(m: Any, batch: Any) -> Any:
-        if train:
-            logits = m(*batch.inputs)
-            loss = b.loss(logits, batch.labels)
-            loss.backward()
-            return logits
-        with torch.no_grad():
-            return m(*batch.inputs)
+    forward = forward_fn(b, train)
 
     reports_before = len(modes.optimus_reports())
     graphs_before = dynamo_counts()["graphs"]  # the model builder may have run Dynamo itself
@@ -211,16 +248,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    cycle = itertools.cycle(batches)
-
-    def step() -> Any:
-        batch = next(cycle)
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        out = forward(module, batch)
-        if optimizer is not None:
-            optimizer.step()
-        return out
+    step = step_fn(module, batches, optimizer, forward)
 
     cell["loadavg_1m"] = os.getloadavg()[0]  # other work on the machine: read noisy figures with it
     samples = measure.time_iterations(

@@ -16,8 +16,6 @@ process where other modes already compiled (recorded, but not comparable to a ``
 from __future__ import annotations
 
 import copy
-import inspect
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ import numpy as np
 
 from harness import cell as cell_mod
 from harness import modes, stats
-from harness.spec import MODES, PHASES, load_provider
+from harness.spec import MODES, PHASES
 
 
 @dataclass
@@ -54,37 +52,20 @@ def contender(
     import torch
     import torch._inductor.config as inductor_config
 
-    builder = load_provider(provider)
-    kwargs: dict[str, Any] = {}
-    if "count_nodes" in inspect.signature(builder).parameters:
-        kwargs["count_nodes"] = False
-    b = builder(model, scale=scale, device=device, seed=seed, **kwargs)
+    b = cell_mod.build_model(provider, model, scale, device, seed)
     module, batches = b.module, list(b.batches)
     if not batches:
         raise RuntimeError(f"{model}/{scale}: the model provided no batches")
     train = phase == "train"
     module.train(train)
-    with torch.no_grad():
-        example = tuple(t.detach() for t in b.dense_inputs(batches[0]))
+    example = cell_mod.example_inputs(b, batches)
     saved_peer = copy.deepcopy(inductor_config.pre_grad_fusion_options)
     try:  # the peer's options are process-global: on only while its graph compiles
         prepared = modes.prepare(mode, module.dense, example)
         module.dense = prepared.module
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
-        cycle = itertools.cycle(batches)
+        step = cell_mod.step_fn(module, batches, optimizer, cell_mod.forward_fn(b, train))
         sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-        def step() -> Any:
-            batch = next(cycle)
-            if optimizer is None:
-                with torch.no_grad():
-                    return module(*batch.inputs)
-            optimizer.zero_grad(set_to_none=True)
-            logits = module(*batch.inputs)
-            b.loss(logits, batch.labels).backward()
-            optimizer.step()
-            return logits
-
         t0 = time.perf_counter()
         out = step()
         sync()
