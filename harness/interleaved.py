@@ -25,6 +25,7 @@ import numpy as np
 
 from harness import cell as cell_mod
 from harness import modes, stats
+from harness.env import collect_env
 from harness.spec import MODES, PHASES
 
 
@@ -175,6 +176,7 @@ def run_ab(
             rows[c.mode]["parity_vs_base"] = parity[c.mode]
     return {
         "kind": "optimus-bench-ab",
+        "env": collect_env(device),
         "model": model,
         "scale": scale,
         "phase": phase,

@@ -93,6 +93,7 @@ def test_cli_ab_writes_json_and_checks_its_arguments(
     assert cli.main([*argv, "--phase", "train", "--out", str(out), "--device", "cpu"]) == 0
     doc = json.loads(out.read_text())
     assert doc["kind"] == "optimus-bench-ab" and doc["phase"] == "train"
+    assert len(doc["env"]["git"]["sha"]) == 40  # which commit was measured
     assert cli.main(["ab", "--model", "towers", "--modes", "eager,warp"]) == 2
     assert "modes: unknown ['warp']" in capsys.readouterr().err
     assert cli.main(["ab", "--model", "towers", "--modes", "eager"]) == 2
