@@ -119,11 +119,6 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
     return sum(seen.values())
 
 
-def cpu_step_peak_bytes(step: Callable[[], object]) -> int:
-    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU)."""
-    return cpu_step_peak(step)[0]
-
-
 def _peak_place(names: list[str]) -> str | None:
     """A short name for where a peak falls, from the profiler events around it (outermost
     first): the outermost one (the autograd node in backward, the op or compiled graph in
@@ -143,7 +138,8 @@ def _peak_place(names: list[str]) -> str | None:
 
 
 def cpu_step_peak(step: Callable[[], object]) -> tuple[int, str | None]:
-    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU).
+    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU), and
+    where that peak falls (``_peak_place``; None when the step allocated nothing).
 
     Method: torch.profiler with ``profile_memory=True`` records every allocation and free of
     PyTorch's CPU allocator (eager ops, autograd, Inductor's generated C++ buffers); the
@@ -204,8 +200,9 @@ def step_peak_memory(
     """Peak memory of one step, in one shape for both devices.
 
     CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (everything live on the
-    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers,
-    gradients, optimizer state) + the step's own allocation peak (``cpu_step_peak_bytes``).
+    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers and
+    optimizer state; see ``harness.cell.step_static_tensors``) + the step's own allocation
+    peak (``cpu_step_peak``), and ``peak_mem_at`` says where that peak falls.
     """
     if device == "cuda":
         start, peak = cuda_step_peak_bytes(step)
