@@ -153,6 +153,8 @@ def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
     the allocator peak already counts them. This drops the previous step's gradients now, so
     the profiled step starts without them (their free would be invisible to the profiler);
     counting ``p.grad`` here as well counted every gradient twice (session 2's CPU figures).
+    A re-laid-out model (``optimus.layout_relayout``) keeps the gradient buffers of its small
+    fused groups between steps; they are static here, or its memory would read low.
     """
     import torch
 
@@ -160,9 +162,19 @@ def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
         optimizer.zero_grad(set_to_none=True)
     static: list[Any] = list(module.parameters()) + list(module.buffers())
     static += [p.grad for p in module.parameters() if p.grad is not None]  # a user-kept grad
+    static += _retained_gradient_buffers(module)
     if optimizer is not None:
         static += [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     return static
+
+
+def _retained_gradient_buffers(module: Any) -> list[Any]:
+    """Gradient buffers Optimus keeps between steps (none when optimus is not installed)."""
+    try:
+        from optimus.layout_relayout import retained_gradient_buffers
+    except ImportError:
+        return []
+    return retained_gradient_buffers(module)
 
 
 def dynamo_counts() -> dict[str, int]:

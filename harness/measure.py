@@ -189,9 +189,15 @@ def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:
     return start, torch.cuda.max_memory_allocated()
 
 
-# Named apart from the old "static tensors + torch.profiler allocator peak", which also counted
-# the gradients in the static part (twice in training): compare never judges across the two.
-CPU_MEMORY_METHOD = "parameters, buffers and optimizer state + torch.profiler allocator peak"
+# Named apart from the earlier methods, so compare never judges across them:
+# - "static tensors + torch.profiler allocator peak" also counted the gradients in the static
+#   part (twice in training);
+# - "parameters, buffers and optimizer state + torch.profiler allocator peak" missed gradient
+#   buffers Optimus's re-layout held from one step to the next (up to 25 MiB on mmoe large):
+#   allocated before the step, their free inside it lowered the profiler's running sum.
+CPU_MEMORY_METHOD = (
+    "parameters, buffers, optimizer state and kept gradient buffers + torch.profiler allocator peak"
+)
 
 
 def step_peak_memory(
@@ -200,8 +206,8 @@ def step_peak_memory(
     """Peak memory of one step, in one shape for both devices.
 
     CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (everything live on the
-    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers and
-    optimizer state; see ``harness.cell.step_static_tensors``) + the step's own allocation
+    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers,
+    optimizer state and gradient buffers Optimus keeps; see ``harness.cell.step_static_tensors``) + the step's own allocation
     peak (``cpu_step_peak``), and ``peak_mem_at`` says where that peak falls.
     """
     if device == "cuda":

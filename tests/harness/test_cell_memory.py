@@ -85,3 +85,30 @@ def test_compare_never_judges_memory_measured_two_ways() -> None:
         if r.metric == "peak_mem_bytes"
     ]
     assert mem.verdict == "improvement"
+
+
+def test_static_counts_the_gradient_buffers_a_relaid_out_model_keeps() -> None:
+    import optimus
+    from optimus.layout_relayout import RelayoutParams, retained_gradient_buffers
+
+    class Towers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linears = nn.ModuleList([nn.Linear(8, 8) for _ in range(6)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([lin(x[i]) for i, lin in enumerate(self.linears)], 1)
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, 8)
+    gm = optimus.optimize(Towers(), (x,), config=optimus.OptimusConfig(layout=RelayoutParams()))
+    opt = torch.optim.SGD(gm.parameters(), lr=0.01)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        gm(x).sum().backward()
+        opt.step()
+    static = step_static_tensors(gm, opt)
+    kept = retained_gradient_buffers(gm)
+    assert kept, "small fused groups keep their gradient buffer between steps"
+    params = measure.storage_bytes(gm.parameters())
+    assert measure.storage_bytes(static) == params + measure.storage_bytes(kept)

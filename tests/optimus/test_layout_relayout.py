@@ -298,3 +298,109 @@ def test_inductor_compiles_the_relaid_out_graph_training() -> None:
         want.pow(2).sum().backward()
         for got, exp in zip(grads(model), grads(ref), strict=True):
             torch.testing.assert_close(got, exp)
+
+
+# --- gradient buffer: kept and reused for small members, freed with the grads otherwise -------
+
+
+def small_groups_reuse(reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members of ``Linears()`` are tiny; a zero limit makes every group a non-reusing one."""
+    import optimus.layout_relayout as lr
+
+    monkeypatch.setattr(lr, "REUSE_MAX_MEMBER_BYTES", lr.REUSE_MAX_MEMBER_BYTES if reuse else 0)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_accumulate_and_zero_like_unfused_with_and_without_reuse(
+    reuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_groups_reuse(reuse, monkeypatch)
+    torch.manual_seed(11)
+    model, x = Linears(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    for step in range(6):
+        if step in (0, 3, 4):
+            for m in (model, ref):
+                m.zero_grad(set_to_none=True)
+        if step == 2:
+            for m in (model, ref):
+                m.zero_grad(set_to_none=False)
+        gm(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for got, exp in zip(grads(model), grads(ref), strict=True):
+            torch.testing.assert_close(got, exp)
+
+
+def test_small_groups_reuse_one_gradient_buffer_across_steps() -> None:
+    from optimus.layout_relayout import retained_gradient_buffers
+
+    torch.manual_seed(12)
+    model, x = Linears(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
+    ptrs = []
+    for _ in range(4):
+        for opt in (sgd, sgd_ref):
+            opt.zero_grad(set_to_none=True)
+        gm(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for got, exp in zip(grads(model), grads(ref), strict=True):
+            torch.testing.assert_close(got, exp)
+        ptrs.append(model.linears[1].weight.grad.data_ptr())  # type: ignore[union-attr]
+        sgd.step()
+        sgd_ref.step()
+    assert len(set(ptrs[1:])) == 1  # the same buffer every step after the first adoption
+    sgd.zero_grad(set_to_none=True)
+    kept = retained_gradient_buffers(gm)
+    assert len(kept) == 2  # weights and biases: memory the unfused model would have freed
+    torch.testing.assert_close(gm(x), ref(x))
+
+
+@pytest.mark.parametrize("hold", ["view", "derived"])
+def test_a_gradient_the_user_kept_is_never_overwritten(hold: str) -> None:
+    torch.manual_seed(13)
+    model, x = Linears(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    for _ in range(2):  # the second step already reuses the buffer
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+        gm(x).sum().backward()
+        ref(x).sum().backward()
+    w = model.linears[2].weight
+    old_ptr = w.grad.data_ptr()  # type: ignore[union-attr]
+    kept = w.grad if hold == "view" else w.grad[0]  # type: ignore[index]
+    before = kept.clone()  # type: ignore[union-attr]
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+    gm(x).pow(3).sum().backward()  # a different gradient
+    ref(x).pow(3).sum().backward()
+    torch.testing.assert_close(kept, before)  # the kept tensor still holds the old gradient
+    assert w.grad is not None and w.grad.data_ptr() != old_ptr  # a fresh buffer was adopted
+    for got, exp in zip(grads(model), grads(ref), strict=True):
+        torch.testing.assert_close(got, exp)
+
+
+def test_groups_that_do_not_reuse_free_their_gradients_with_zero_grad(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+    import weakref
+
+    from optimus.layout_relayout import retained_gradient_buffers
+
+    small_groups_reuse(False, monkeypatch)
+    torch.manual_seed(14)
+    model, x = Linears(), torch.randn(4, 2, 3)
+    gm = fused(model, x)
+    gm(x).sum().backward()
+    base = model.linears[0].weight.grad._base  # type: ignore[union-attr]
+    assert base is not None
+    gone = weakref.ref(base)
+    del base
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert gone() is None  # freed like the unfused model's gradients, not kept for the next step
+    assert retained_gradient_buffers(gm) == []
