@@ -19,7 +19,7 @@ re-pointed to views into that storage, so:
   in place across backward calls otherwise, exactly like the unfused model, including
   ``zero_grad(set_to_none=False)``). The stacked parameter's own ``.grad`` is left
   ``None`` after every backward, so an optimizer that also sees it skips it (no double update).
-  For groups of small members (at most ``REUSE_MAX_MEMBER_BYTES`` each: tower weights, biases,
+  For groups of small members (``REUSE_MAX_MEMBER_BYTES`` per member on average: tower weights, biases,
   LayerNorm affines) the gradient tensor is kept between steps and the new gradient is copied
   into it, so its G views are made once, not every backward (making them was about 0.45 us
   per member, over half of what the headroom benchmark's batched op lost to the ideal kernel
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 OWNED_FLAG = "_optimus_relayout_ok"  # set on GraphModules that optimize() owns (see api.py)
 PREFIX = "_optimus_stacked_"
 GROUP_ATTR = "_optimus_relayout"  # on a re-laid-out parameter: (group, index)
+STACKED_GROUP_ATTR = "_optimus_group"  # on a stacked parameter: its _Group (keeps it alive)
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,8 @@ def _install_grad_hooks(group: _Group) -> None:
             return grad
         held = g.held()
         bound = held is not None and held[0].dtype == w.dtype and held[0].device == w.device
-        if held is not None and bound:
-            buf, views = held
+        if bound:
+            buf, views = held  # type: ignore[misc]
         else:
             buf = torch.zeros_like(w, memory_format=torch.contiguous_format)
             views = g.views(buf)
@@ -365,7 +366,7 @@ class RelayoutParams:
         if stacked.requires_grad:
             _install_grad_hooks(group)
         # keep the group alive as long as its stacked parameter is
-        stacked._optimus_group = group  # type: ignore[attr-defined]
+        setattr(stacked, STACKED_GROUP_ATTR, group)
         return group
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
@@ -400,7 +401,7 @@ def retained_gradient_buffers(module: nn.Module) -> list[torch.Tensor]:
     accounting; one tensor per group that currently keeps one."""
     found: list[torch.Tensor] = []
     for p in module.parameters():
-        group = getattr(p, "_optimus_group", None)
+        group = getattr(p, STACKED_GROUP_ATTR, None)
         if isinstance(group, _Group) and group.grad_buf is not None:
             found.append(group.grad_buf)
     return found
