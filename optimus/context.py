@@ -20,6 +20,7 @@ from .graph_index import GraphIndex, group_by_key, stab_groups
 from .layout import ParamLayout, RuntimeStack
 from .meta import TensorMeta, tensor_meta, value_meta
 from .normalize import Canon, canonicalize
+from .regions import context_kind
 from .rules.base import Candidate, Cost
 
 if TYPE_CHECKING:
@@ -46,6 +47,24 @@ class RewriteContext:
         self.index = GraphIndex(self.graph, self.modules)
         self._canon: dict[fx.Node, Canon | None] = dict(self.index.canons)
         self.leftovers: list[fx.Node] = []
+        self.declines: dict[str, int] = {}  # reason -> count: rewrites refused for safety
+
+    def decline(self, reason: str) -> None:
+        """Count a rewrite the engine refused (``report.declined_reasons``)."""
+        self.declines[reason] = self.declines.get(reason, 0) + 1
+
+    def region_name(self, nodes: Iterable[fx.Node]) -> str:
+        """Kind of the boundaries between the given nodes' segments, for a decline reason."""
+        regions = self.index.regions
+        segs = sorted({s for n in nodes if (s := regions.of(n)) is not None})
+        kinds = sorted(
+            {
+                context_kind(b) or "unknown"
+                for b in regions.boundaries
+                if segs and segs[0] < regions.segment[b] < segs[-1]
+            }
+        )
+        return "/".join(kinds) or "context"
 
     # -- what rules read ---------------------------------------------------------------------
     @property
@@ -105,6 +124,15 @@ class RewriteContext:
 
         out: list[Candidate] = []
         buckets = group_by_key(self.index.nodes, key)
+        regions = self.index.regions
+        if not regions.trivial:  # never group across a grad-mode / autocast / context boundary
+            split: dict[Hashable, list[fx.Node]] = {}
+            for k, members in buckets.items():
+                for node in members:
+                    split.setdefault((regions.of(node), k), []).append(node)
+                if len({regions.of(n) for n in members}) > 1:
+                    self.decline(f"{rule.name}: grouping across {self.region_name(members)} region")
+            buckets = split
         for members in buckets.values():
             if len(members) < self.cost_model.min_group:
                 continue
@@ -134,7 +162,11 @@ class RewriteContext:
 
     def placeable(self, cand: Candidate, horizontal: bool) -> bool:
         """Re-check, against the graph as it is now, that the rewrite can sit at ``cand.label``:
-        every member (horizontal) or the anchor (local) strictly between its inputs and users."""
+        every member (horizontal) or the anchor (local) strictly between its inputs and users,
+        and all nodes of the rewrite in one region (see :mod:`optimus.regions`)."""
+        if self.index.regions.one_segment(cand.nodes) is False:
+            self.decline(f"{cand.rule}: rewrite across {self.region_name(cand.nodes)} region")
+            return False
         for node in cand.nodes if horizontal else cand.nodes[:1]:
             if getattr(node, "_erased", False) or not self.movable(node):
                 return False
@@ -161,6 +193,8 @@ class RewriteContext:
                 (self._label(u) for u in old.users), default=math.inf
             ):
                 return None
+        if not self._stays_in_region(cand, replacements, created):
+            return None
         rewired: list[tuple[fx.Node, fx.Node, fx.Node]] = []
         for old, new in zip(cand.nodes, replacements, strict=False):
             if new is old:
@@ -173,6 +207,34 @@ class RewriteContext:
                 rewired.append((user, old, new))
             self.leftovers.append(old)
         return Applied(cand, list(b.created), rewired)
+
+    def _stays_in_region(
+        self, cand: Candidate, replacements: Sequence[fx.Node], created: set[fx.Node]
+    ) -> bool:
+        """The rewrite computes in its candidates' region from values that region's computation
+        of them already read, and replaces a node only by one of the same region."""
+        regions = self.index.regions
+        if regions.trivial:
+            return True
+        seg = regions.one_segment(cand.nodes)
+        if seg is False or seg is None:
+            return seg is None
+        allowed = regions.readable(cand.nodes, seg)
+        for node in created:
+            for inp in node.all_input_nodes:
+                if inp in created or inp in allowed or regions.of(inp) == seg:
+                    continue
+                if inp.op == "get_attr" and inp not in regions.indexed:
+                    continue  # a parameter view the engine made this round
+                self.decline(f"{cand.rule}: reads through a {self.region_name([inp, *cand.nodes])} region")
+                return False
+        for old, new in zip(cand.nodes, replacements, strict=False):
+            if new is old or new in created:
+                continue
+            if new in regions.indexed and regions.as_replacement(new) != regions.as_replacement(old):
+                self.decline(f"{cand.rule}: replacement from another {self.region_name([new, old])} region")
+                return False
+        return True
 
     def undo(self, applied: Applied) -> None:
         for user, old, new in reversed(applied.rewired):

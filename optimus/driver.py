@@ -9,11 +9,17 @@ changes nothing (``saturated``) or at the iteration / node / time limit. Ties ar
 order in the registry, then graph position, so runs are deterministic.
 
 A rule that raises, yields an unplaceable rewrite, breaks the graph, or (with ``verify``) changes
-results is undone, logged on the ``optimus`` logger and counted in ``report.rolled_back``.
+results is undone, logged on the ``optimus`` logger and counted in ``report.rolled_back``. Undoing
+restores the graph exactly as it was before the rewrite (edges and node order).
+
+Rewrites the engine refuses for safety (grouping across a grad-mode/autocast region, merging a
+random op, ...) are counted by reason in ``report.declined_reasons`` (see docs/optimus.md,
+"Regions and effects").
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -24,6 +30,7 @@ from .builder import Builder
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
+from .regions import describe
 from .report import OptimusReport
 from .rules import resolve
 from .rules.base import Candidate
@@ -87,11 +94,18 @@ def run(
             break
         changed = 0
         ctx = RewriteContext(gm, config.cost_model, config.layout)
+        if iteration == 0:
+            for node in ctx.index.regions.unknown:
+                report.notes.append(
+                    f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
+                )
+        declines: dict[str, int] = {}
         for rule in cleanup:
             n = rule.run(ctx)  # type: ignore[attr-defined]
             if n:
                 report.fired(rule.name, n)
                 changed += n
+                _merge_declines(declines, ctx.declines)
                 ctx = RewriteContext(gm, config.cost_model, config.layout)
         candidates: list[Candidate] = []
         for rule in rewrite:
@@ -103,6 +117,7 @@ def run(
         candidates.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
         touched: set[fx.Node] = set()
         applied_round: list[Applied] = []
+        round_order = list(graph.nodes)
         for cand in candidates:
             if cand.gain <= 0:
                 _count(report.declined, cand.rule)
@@ -110,6 +125,7 @@ def run(
             if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in blocked:
                 continue
             failures = sum(report.rolled_back.values())
+            before = list(graph.nodes) if verifier is not None else None
             applied = _apply(ctx, by_name[cand.rule], cand, report)
             if applied is None:
                 if sum(report.rolled_back.values()) > failures:
@@ -122,7 +138,7 @@ def run(
                         "optimus: rule %s changed results (%s); rewrite rolled back", cand.rule, problem
                     )
                     ctx.undo(applied)
-                    stable_toposort(graph, ctx.index.ordered)
+                    _restore_order(graph, before or [])
                     _count(report.rolled_back, cand.rule)
                     blocked.add((cand.rule, cand.nodes))
                     continue
@@ -142,12 +158,15 @@ def run(
             for applied in reversed(applied_round):
                 ctx.undo(applied)
                 _count(report.rolled_back, applied.cand.rule)
-            stable_toposort(graph, ctx.index.ordered)
+            _restore_order(graph, round_order)
             applied_round = []
             stop = "saturated"
             report.notes.append(f"round {iteration} rolled back: {exc}")
             ctx.erase_leftovers()
             break
+        _merge_declines(declines, ctx.declines)
+        for reason, n in declines.items():  # the same refusal recurs each round: keep the largest
+            report.declined_reasons[reason] = max(report.declined_reasons.get(reason, 0), n)
         for applied in applied_round:
             report.fired(applied.cand.rule)
         _tidy_stacks(ctx, applied_round)
@@ -170,6 +189,26 @@ def run(
     report.stop_reason = stop
     report.seconds = time.perf_counter() - start
     report.graphs = max(report.graphs, 1)
+
+
+def _merge_declines(into: dict[str, int], new: dict[str, int]) -> None:
+    for reason, n in new.items():
+        into[reason] = into.get(reason, 0) + n
+
+
+def _restore_order(graph: fx.Graph, order: list[fx.Node]) -> None:
+    """Put the surviving nodes back in ``order`` (a rollback leaves the graph as it was: the
+    same nodes, edges and order). Nodes not in ``order`` (none after an undo) keep their place
+    after their predecessor."""
+    alive = [n for n in order if not getattr(n, "_erased", False) and n.graph is graph]
+    if not alive:
+        return
+    first = next(iter(graph.nodes))
+    if first is not alive[0]:
+        first.prepend(alive[0])
+    for prev, node in itertools.pairwise(alive):
+        if node.prev is not prev:
+            prev.append(node)
 
 
 def _tidy_stacks(ctx: RewriteContext, applied_round: list[Applied]) -> None:

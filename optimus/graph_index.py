@@ -12,6 +12,9 @@ together, in about linear time. Three facts make that cheap:
   (:func:`stab_groups` picks the groups; each check is O(degree)).
 * Exact reachability, for rules that need it, is a bitset of ancestors per node (a Python int),
   built lazily in one pass over the topological order (``reaches``/``independent``).
+* Context nodes (grad mode, autocast, ... see :mod:`optimus.regions`) are barriers: a node's label
+  exceeds that of the boundary opening its segment, and a boundary's label exceeds every label of
+  the segment before it. The topological sort keeps the same barriers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import fx
 
 from .effects import ordered_nodes
 from .normalize import Canon, canonicalize
+from .regions import Regions, context_kind, is_free, segments
 
 T = TypeVar("T")
 
@@ -39,15 +43,25 @@ class GraphIndex:
         self.pos: dict[fx.Node, int] = {n: i for i, n in enumerate(self.nodes)}
         self.canons: dict[fx.Node, Canon | None] = {n: canonicalize(n, modules) for n in self.nodes}
         self.ordered: set[fx.Node] = ordered_nodes(self.nodes, self.canons)
+        self.regions = Regions(self.nodes)
         self.depth: dict[fx.Node, float] = {}
         last_ordered = -1.0
+        seg_floor = seg_max = -1.0  # label of the current segment's boundary / its largest label
+        barriers = not self.regions.trivial
         for node in self.nodes:
             d = 0.0
             for inp in node.all_input_nodes:
                 d = max(d, self.depth.get(inp, 0.0) + 1)
+            boundary = barriers and node in self.regions.boundaries_set
+            if barriers and not is_free(node):
+                d = max(d, seg_max + 1) if boundary else max(d, seg_floor + 1)
             if node in self.ordered or node.op == "output":
                 d = max(d, last_ordered + 1)
                 last_ordered = d
+            if boundary:
+                seg_floor = seg_max = d
+            elif barriers and not is_free(node):
+                seg_max = max(seg_max, d)
             self.depth[node] = d
         self._ancestors: dict[fx.Node, int] | None = None
         # nodes rules must not rewrite: ordered ones and their direct readers (computed once)
@@ -163,6 +177,29 @@ def group_by_key(
     return buckets
 
 
+def _barrier_deps(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """Extra dependencies that keep every node between its segment's boundaries: a node depends on
+    the boundary opening its segment, a boundary on every node of the segment before it."""
+    seg, boundaries = segments(nodes)
+    if not boundaries:
+        return {}
+    extra: dict[fx.Node, list[fx.Node]] = {}
+    opening: fx.Node | None = None
+    since: list[fx.Node] = []
+    for node in nodes:
+        if node not in seg:
+            continue
+        if context_kind(node) is not None:
+            extra[node] = since
+            since = []
+            opening = node
+            continue
+        if opening is not None:
+            extra[node] = [opening]
+        since.append(node)
+    return extra
+
+
 class CycleError(RuntimeError):
     """The graph has a dependency cycle (a rewrite went wrong)."""
 
@@ -176,14 +213,17 @@ def stable_toposort(graph: fx.Graph, ordered: set[fx.Node]) -> bool:
     chain: dict[fx.Node, fx.Node] = {}
     last: fx.Node | None = None
     for node in nodes:
-        if node in ordered or node.op == "output":
+        if node in ordered or node.op == "output" or context_kind(node) is not None:
             if last is not None:
                 chain[node] = last
             last = node
+    barrier = _barrier_deps(nodes)
 
     def deps(node: fx.Node) -> list[fx.Node]:
-        found = node.all_input_nodes
-        return [*found, chain[node]] if node in chain else list(found)
+        found = list(node.all_input_nodes)
+        if node in chain:
+            found.append(chain[node])
+        return [*found, *barrier.get(node, ())]
 
     placed: set[fx.Node] = set()
     out: list[fx.Node] = []

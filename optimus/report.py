@@ -18,6 +18,9 @@ class OptimusReport:
     iterations: int = 0
     declined: dict[str, int] = field(default_factory=dict)  # candidates the cost model rated no faster
     rolled_back: dict[str, int] = field(default_factory=dict)  # rewrites undone (error, lint, mismatch)
+    # rewrites the engine refused because it could not show them safe, by reason ("cse: random op:
+    # not merged", "batch_linear: grouping across grad region", ...)
+    declined_reasons: dict[str, int] = field(default_factory=dict)
     graphs: int = 0  # Dynamo graphs optimized (more than 1 when the model has graph breaks)
     capture: str = ""  # "export" | "graph" | "dynamo-subgraphs" | "pre_grad" | "backend"
     notes: list[str] = field(default_factory=list)
@@ -26,12 +29,16 @@ class OptimusReport:
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
 
+    def declined_for(self, reason: str, n: int = 1) -> None:
+        self.declined_reasons[reason] = self.declined_reasons.get(reason, 0) + n
+
     def merge(self, other: OptimusReport) -> None:
         """Aggregate another graph's report into this one (graph breaks)."""
         for mine, theirs in (
             (self.rules_fired, other.rules_fired),
             (self.declined, other.declined),
             (self.rolled_back, other.rolled_back),
+            (self.declined_reasons, other.declined_reasons),
         ):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v

@@ -1,10 +1,13 @@
 """Cleanup rules, run at the start of every driver round (always a win, never cost-checked).
 
-dce: a pure node nobody uses -> nothing.
-cse: two pure nodes computing the same canonical call on the same inputs -> one. Calls are
-    compared in canonical form (see normalize), so ``torch.relu(x)``, ``F.relu(x, False)`` and
-    ``x.relu()`` are recognised as the same value. Random, effectful and mutated values are never
-    merged.
+dce: a pure node nobody uses -> nothing. Effectful nodes (random draws, BatchNorm in train mode,
+    mutation, context changes; see effects) are kept even when unused.
+cse: two pure nodes computing the same canonical call on the same inputs in the same region
+    (grad mode / autocast, see regions) -> one. Calls are compared in canonical form (see
+    normalize), so ``torch.relu(x)``, ``F.relu(x, False)`` and ``x.relu()`` are recognised as the
+    same value; merging a node refreshes its users' canonical forms, so chains of identical calls
+    collapse in one sweep (twenty ``nan_to_num(x).tanh()`` -> one), before any batching rule sees
+    them. Random, effectful and mutated values are never merged.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from torch import fx
 
 from ..context import RewriteContext
+from ..effects import effect_reason
 from ..normalize import _hashable
 from .base import CleanupRule
 
@@ -37,7 +41,12 @@ class DeadCode(CleanupRule):
     def run(self, ctx: RewriteContext) -> int:
         removed = 0
         for node in reversed(list(ctx.graph.nodes)):
-            if node.users or node.op in ("placeholder", "output") or node in ctx.index.ordered:
+            if node.users or node.op in ("placeholder", "output"):
+                continue
+            if node in ctx.index.ordered:
+                reason = effect_reason(node, ctx.canon(node))
+                if reason in ("random op", "state-updating op", "unknown module"):
+                    ctx.decline(f"dce: unused {reason}: kept")
                 continue
             if node.op == "call_module" and ctx.canon(node) is None:
                 continue
@@ -57,35 +66,57 @@ class CommonSubexpression(CleanupRule):
     def run(self, ctx: RewriteContext) -> int:
         seen: dict[Hashable, fx.Node] = {}
         merged = 0
+        regions = ctx.index.regions
+        effect_keys: dict[Hashable, fx.Node] = {}
         for node in list(ctx.graph.nodes):
-            if node.op in ("placeholder", "output") or not ctx.movable(node):
+            if node.op in ("placeholder", "output"):
                 continue
-            if node.op == "call_module" and ctx.canon(node) is None:
+            key = _key(node, ctx)
+            if key is None:
                 continue
-            canon = ctx.canon(node)
-            try:
-                if node.is_impure():
-                    continue
-            except Exception:
-                continue
-            if canon is not None:  # kwargs hold every parameter of the op, in schema order
-                key: Hashable = (
-                    "canon",
-                    canon.op,
-                    canon.inplace,
-                    tuple(_freeze(v) for v in canon.kwargs.values()),
-                )
-            else:
-                key = (node.op, _freeze(node.target), _freeze(node.args), _freeze(node.kwargs))
-            try:
-                hash(key)
-            except TypeError:
+            key = (regions.of(node), key)  # never merge across a grad-mode / autocast region
+            if not ctx.movable(node) or _impure(node):
+                reason = effect_reason(node, ctx.canon(node))
+                if reason is not None and reason != "region boundary":
+                    if key in effect_keys:
+                        ctx.decline(f"cse: {reason}: not merged")
+                    effect_keys.setdefault(key, node)
                 continue
             first = seen.get(key)
             if first is None:
                 seen[key] = node
                 continue
+            for user in node.users:
+                ctx._canon.pop(user, None)  # its canonical form named the merged node
             node.replace_all_uses_with(first)
             ctx.graph.erase_node(node)
             merged += 1
         return merged
+
+
+def _impure(node: fx.Node) -> bool:
+    try:
+        return bool(node.is_impure())
+    except Exception:
+        return True
+
+
+def _key(node: fx.Node, ctx: RewriteContext) -> Hashable | None:
+    """What a node computes, as a hashable key (None: not comparable)."""
+    if node.op == "call_module" and ctx.canon(node) is None:
+        return None
+    canon = ctx.canon(node)
+    if canon is not None:  # kwargs hold every parameter of the op, in schema order
+        key: Hashable = (
+            "canon",
+            canon.op,
+            canon.inplace,
+            tuple(_freeze(v) for v in canon.kwargs.values()),
+        )
+    else:
+        key = (node.op, _freeze(node.target), _freeze(node.args), _freeze(node.kwargs))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
