@@ -26,6 +26,7 @@ Hand-written cases, each because the schema cannot say it:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -117,7 +118,7 @@ def _resolve(node: fx.Node) -> tuple[str, tuple[Any, ...], bool] | None:
             False,
         )
     try:
-        wrapped = PYTHON_WRAPPERS.get(target)  # type: ignore[call-overload]
+        wrapped = PYTHON_WRAPPERS.get(target)  # type: ignore[arg-type]
         if target in PYTHON_RANDOM:
             return "<random>", (), True
     except TypeError:
@@ -224,10 +225,9 @@ def _facts_of_overload(op: Any, name: str, bound: dict[str, Any]) -> OpFacts:
         for arg in schema.arguments:  # constants refine SchemaInfo (batch_norm's ``training``)
             value = bound.get(arg.name)
             if arg.name in bound and isinstance(value, (bool, int, float, type(None))):
-                try:
+                # a value SchemaInfo cannot take stays unknown (conservative)
+                with contextlib.suppress(RuntimeError, TypeError):
                     info.add_argument_value(arg.name, value)
-                except (RuntimeError, TypeError):
-                    pass  # a value SchemaInfo cannot take: leave it unknown (conservative)
         for arg in schema.arguments:
             nodes = _nodes_in(bound.get(arg.name))
             if nodes and info.is_mutable(arg.name):

@@ -7,7 +7,9 @@ cse: two pure nodes computing the same canonical call on the same inputs in the 
     normalize), so ``torch.relu(x)``, ``F.relu(x, False)`` and ``x.relu()`` are recognised as the
     same value; merging a node refreshes its users' canonical forms, so chains of identical calls
     collapse in one sweep (twenty ``nan_to_num(x).tanh()`` -> one), before any batching rule sees
-    them. Random, effectful and mutated values are never merged.
+    them. Random, effectful and mutated values are never merged, nor two values that are both
+    returned to the caller (the outputs would become one tensor: an in-place op on one would
+    change the other).
 """
 
 from __future__ import annotations
@@ -86,12 +88,22 @@ class CommonSubexpression(CleanupRule):
             if first is None:
                 seen[key] = node
                 continue
+            if _escapes(node) and _escapes(first):
+                ctx.decline(
+                    "cse: both values are outputs: not merged (the caller would get one tensor twice)"
+                )
+                continue
             for user in node.users:
                 ctx._canon.pop(user, None)  # its canonical form named the merged node
             node.replace_all_uses_with(first)
             ctx.graph.erase_node(node)
             merged += 1
         return merged
+
+
+def _escapes(node: fx.Node) -> bool:
+    """Returned to the caller as is (merging two such values would make two outputs one tensor)."""
+    return any(u.op == "output" for u in node.users)
 
 
 def _impure(node: fx.Node) -> bool:
