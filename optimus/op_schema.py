@@ -236,8 +236,52 @@ def _facts_of_overload(op: Any, name: str, bound: dict[str, Any]) -> OpFacts:
     return OpFacts(random, tuple(writes), may_alias)
 
 
+_CACHE: dict[Any, tuple[bool, tuple[int, ...], bool] | None] = {}
+_CONSTANTS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _shape(value: Any, nodes: list[fx.Node]) -> Any:
+    """A hashable picture of an argument with each node replaced by its index in ``nodes``."""
+    if isinstance(value, fx.Node):
+        nodes.append(value)
+        return ("node", len(nodes) - 1)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_shape(v, nodes) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _shape(v, nodes)) for k, v in value.items()))
+    if isinstance(value, _CONSTANTS):
+        return (type(value).__name__, value)
+    raise TypeError("not a plain constant")
+
+
 def op_facts(node: fx.Node) -> OpFacts | None:
-    """The schema's facts about ``node``'s call, or None when it maps to no ATen op."""
+    """The schema's facts about ``node``'s call, or None when it maps to no ATen op. Cached per
+    call pattern (target, constants, where the nodes are): the driver asks for every node each
+    round."""
+    nodes: list[fx.Node] = []
+    try:
+        key = (node.op, node.target, _shape(node.args, nodes), _shape(node.kwargs, nodes))
+        hash(key)
+    except TypeError:
+        return _op_facts(node)
+    if key in _CACHE:
+        found = _CACHE[key]
+        if found is None:
+            return None
+        return OpFacts(found[0], tuple(nodes[i] for i in found[1]), found[2])
+    facts = _op_facts(node)
+    if len(_CACHE) > 65536:
+        _CACHE.clear()
+    if facts is None:
+        _CACHE[key] = None
+    else:
+        index = {n: i for i, n in reversed(list(enumerate(nodes)))}
+        if all(w in index for w in facts.writes):
+            _CACHE[key] = (facts.random, tuple(index[w] for w in facts.writes), facts.may_alias)
+    return facts
+
+
+def _op_facts(node: fx.Node) -> OpFacts | None:
     resolved = _resolve(node)
     if resolved is None:
         return None
