@@ -21,7 +21,10 @@ Hand-written cases, each because the schema cannot say it:
   ``train`` is false or ``p == 0``; the schema declares a fresh, random result;
 * ``MAY_RETURN_INPUT``: composite ops that return their input unchanged in some cases but whose
   schema has no alias annotation (``type_as``, ``atleast_1d``, ``sum_to_size``, ``einsum`` ...);
-* ``PYTHON_WRAPPERS``: ``torch.nn.functional`` functions with no ATen op of the same name.
+* ``PYTHON_WRAPPERS`` / ``PYTHON_RANDOM``: ``torch.nn.functional`` functions with no ATen op of
+  the same name (``dropout1d/2d/3d``, ``gumbel_softmax``); a python wrapper called with
+  ``inplace=True`` writes its first tensor argument; ``F.embedding`` with ``max_norm`` writes
+  ``weight`` (it renormalizes rows in place).
 """
 
 from __future__ import annotations
@@ -312,5 +315,9 @@ def _op_facts(node: fx.Node) -> OpFacts | None:
         first = next(iter(_nodes_in(list(named.values()))), None)
         if first is not None:
             found.append(OpFacts(False, (first,), True))
+    if node.target is F.embedding and named is not None and named.get("max_norm") is not None:
+        weight = named.get("weight")  # renormalizes the rows it reads in place
+        if isinstance(weight, fx.Node):
+            found.append(OpFacts(False, (weight,), False))
     writes = tuple(dict.fromkeys(n for f in found for n in f.writes))
     return OpFacts(any(f.random for f in found), writes, any(f.may_alias for f in found))

@@ -58,6 +58,7 @@ def _node(fn: Callable[[fx.Graph, fx.Node, fx.Node], fx.Node]) -> fx.Node:
             False,
         ),
         (lambda g, x, s: g.call_function(torch.nan_to_num, (x,)), False, False, False),
+        (lambda g, x, s: g.call_function(F.embedding, (x, s), {"max_norm": 1.0}), False, True, False),
         (lambda g, x, s: g.call_method("contiguous", (x,)), False, False, True),
         (lambda g, x, s: g.call_method("type_as", (x, s)), False, False, True),
     ],
