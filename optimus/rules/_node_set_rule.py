@@ -93,6 +93,9 @@ class NodeSetRule:
             if label is None:
                 nodes = found.members
                 label = fitting_label(nodes, ctx)
+            if ctx.index.regions.one_segment(nodes) is False:  # grad mode / autocast differ
+                ctx.decline(f"{self.name}: rewrite across {ctx.region_name(nodes)} region")
+                continue
             touched = (*nodes, *found.reads)
             if label is None or any(m in claimed for m in touched):
                 continue  # unplaceable, or one rewrite per node per round
