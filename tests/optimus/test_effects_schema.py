@@ -18,6 +18,7 @@ from optimus_helpers import LAUNCH_BOUND
 from torch import fx, nn
 
 import optimus
+from optimus.backend import OptimusPreGradPass
 from optimus.layout_relayout import RelayoutParams
 from optimus.op_schema import op_facts
 
@@ -214,3 +215,17 @@ def test_backend_keeps_batch_norm_updates_and_random_draws() -> None:
     got = torch.compile(alias, backend=as_is)(x.clone(), y)
     for a, b in zip(got, alias(x.clone(), y), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.compile
+def test_pre_grad_pass_keeps_batch_norm_updates() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = TwiceBN().train()
+    eager = copy.deepcopy(module)
+    x = torch.randn(6, 8)
+    tuned = OptimusPreGradPass(optimus.OptimusConfig(cost_model=LAUNCH_BOUND))
+    with torch._inductor.config.patch(pre_grad_custom_pass=tuned, force_disable_caches=True):
+        torch.testing.assert_close(torch.compile(module)(x), eager(x), rtol=1e-4, atol=1e-5)
+    for (name, a), (_, b) in zip(module.named_buffers(), eager.named_buffers(), strict=True):
+        torch.testing.assert_close(a, b, msg=f"buffer {name} diverged from eager")
