@@ -56,8 +56,8 @@ def _canon_dropout_off(canon: Canon) -> bool:
 
 def is_random(node: fx.Node, canon: Canon | None, facts: OpFacts | None = None) -> bool:
     """Does this node draw from the RNG (so it must not be merged, dropped or reordered)?"""
-    if canon is not None and canon.op == "dropout":
-        return not _canon_dropout_off(canon)
+    if canon is not None:  # every canonical op is deterministic, except dropout
+        return canon.op == "dropout" and not _canon_dropout_off(canon)
     if node.op not in ("call_function", "call_method"):
         return False
     facts = facts if facts is not None else op_facts(node)

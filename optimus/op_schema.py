@@ -252,6 +252,8 @@ def _shape(value: Any, nodes: list[fx.Node]) -> Any:
         return (type(value).__name__, tuple(_shape(v, nodes) for v in value))
     if isinstance(value, dict):
         return ("dict", tuple((k, _shape(v, nodes)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", _shape(value.start, nodes), _shape(value.stop, nodes), _shape(value.step, nodes))
     if isinstance(value, _CONSTANTS):
         return (type(value).__name__, value)
     raise TypeError("not a plain constant")

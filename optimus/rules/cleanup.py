@@ -73,17 +73,19 @@ class CommonSubexpression(CleanupRule):
         for node in list(ctx.graph.nodes):
             if node.op in ("placeholder", "output"):
                 continue
-            key = _key(node, ctx)
-            if key is None:
-                continue
-            key = (regions.of(node), key)  # never merge across a grad-mode / autocast region
             if not ctx.movable(node) or _impure(node):
                 reason = effect_reason(node, ctx.canon(node))
-                if reason is not None and reason != "region boundary":
+                key = _key(node, ctx) if reason is not None and reason != "region boundary" else None
+                if key is not None:  # an identical effect seen before: say why it stays
+                    key = (regions.of(node), key)
                     if key in effect_keys:
                         ctx.decline(f"cse: {reason}: not merged")
                     effect_keys.setdefault(key, node)
                 continue
+            key = _key(node, ctx)
+            if key is None:
+                continue
+            key = (regions.of(node), key)  # never merge across a grad-mode / autocast region
             first = seen.get(key)
             if first is None:
                 seen[key] = node
