@@ -220,3 +220,21 @@ def test_pre_grad_pass_keeps_grad_mode() -> None:
     with torch._inductor.config.patch(pre_grad_custom_pass=tuned, force_disable_caches=True):
         _check_no_grad_towers(towers, torch.compile(towers), x)
     assert any(r.capture == "pre_grad" for r in LAST_REPORTS)
+
+
+def test_topological_sort_never_moves_a_node_across_a_boundary() -> None:
+    """The safety net under every rewrite: if a (buggy) rewrite made a node before a grad-mode
+    switch read one computed after it, the sort must fail (the round is rolled back) instead of
+    silently moving the later node, and its grad mode, across the switch."""
+    from optimus.graph_index import CycleError, stable_toposort
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    off = g.call_function(torch._C._set_grad_enabled, (False,))
+    early = g.call_function(torch.tanh, (x,))
+    on = g.call_function(torch._C._set_grad_enabled, (True,))
+    late = g.call_function(torch.sigmoid, (x,))
+    g.output((early, late))
+    early.args = (late,)  # now "early" (no_grad) reads "late" (grad enabled)
+    with pytest.raises(CycleError):
+        stable_toposort(g, {off, on})
