@@ -56,7 +56,7 @@ class RewriteContext:
     def region_name(self, nodes: Iterable[fx.Node]) -> str:
         """Kind of the boundaries between the given nodes' segments, for a decline reason."""
         regions = self.index.regions
-        segs = sorted({s for n in nodes if (s := regions.of(n)) is not None})
+        segs = sorted({s for n in nodes if (s := regions.as_replacement(n)) is not None})
         kinds = sorted(
             {
                 context_kind(b) or "unknown"

@@ -183,13 +183,14 @@ def _barrier_deps(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
     seg, boundaries = segments(nodes)
     if not boundaries:
         return {}
+    is_boundary = set(boundaries)
     extra: dict[fx.Node, list[fx.Node]] = {}
     opening: fx.Node | None = None
     since: list[fx.Node] = []
     for node in nodes:
         if node not in seg:
             continue
-        if context_kind(node) is not None:
+        if node in is_boundary:
             extra[node] = since
             since = []
             opening = node
