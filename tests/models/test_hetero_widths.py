@@ -59,7 +59,7 @@ def test_every_family_builds_hetero_with_linears_of_many_shapes(family: str) -> 
 
 
 def test_dlrm_hetero_needs_the_projections() -> None:
-    with pytest.raises(ValueError, match="hetero_seed.*feature_projections"):
+    with pytest.raises(ValueError, match=r"hetero_seed.*feature_projections"):
         presets.resolve("dlrm", "tiny", {"hetero_seed": 0, "feature_projections": False})
 
 
