@@ -144,3 +144,21 @@ def test_mismatched_shapes_say_which_group() -> None:
         grouped_linear(
             [torch.zeros(2, 3), torch.zeros(2, 4)], [torch.zeros(5, 3), torch.zeros(5, 3)], [], "none", "loop"
         )
+
+
+def test_traces_through_aot_autograd() -> None:
+    """torch.compile traces the op (fake impl) and its backward (a second custom op)."""
+    xs, ws, bs = _make([(4, 3, 6), (2, 5, 1)], torch.float32)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:
+        return torch.ops.optimus.grouped_linear([a * 2, b], ws, bs, "relu", "loop")
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = compiled(*xs)
+    want = [F.linear(xs[0] * 2, ws[0], bs[0]).relu(), F.linear(xs[1], ws[1], bs[1]).relu()]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    grads = torch.autograd.grad(sum(g.sum() for g in got), [*xs, *ws])
+    ref = torch.autograd.grad(sum(w.sum() for w in want), [*xs, *ws])
+    for g, r in zip(grads, ref, strict=True):
+        torch.testing.assert_close(g, r)
