@@ -183,3 +183,28 @@ def _backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Any, ...]:
 
 
 grouped_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _autocast_kernel(device_type: str) -> Any:
+    """Under autocast, ``F.linear`` runs in the autocast dtype (it is on autocast's lower-precision
+    list); the grouped op must too, or a rewritten graph would compute in another dtype. Cast the
+    floating inputs to ``torch.get_autocast_dtype(device_type)`` and run the op with autocast off,
+    as autocast does for ``linear``."""
+
+    def kernel(
+        xs: list[Tensor], ws: list[Tensor], bs: list[Tensor], activation: str, backend: str
+    ) -> list[Tensor]:
+        dtype = torch.get_autocast_dtype(device_type)
+
+        def cast(ts: list[Tensor]) -> list[Tensor]:
+            return [t.to(dtype) if t.is_floating_point() else t for t in ts]
+
+        with torch.autocast(device_type, enabled=False):
+            return torch.ops.optimus.grouped_linear(cast(xs), cast(ws), cast(bs), activation, backend)
+
+    return kernel
+
+
+_LIB = torch.library.Library("optimus", "IMPL")  # registered once, on import
+_LIB.impl("grouped_linear", _autocast_kernel("cpu"), "AutocastCPU")
+_LIB.impl("grouped_linear", _autocast_kernel("cuda"), "AutocastCUDA")

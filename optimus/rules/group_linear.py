@@ -48,6 +48,7 @@ _REGION_MARKERS = (
     "inference_mode",
     "set_grad_enabled",
 )
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 64  # the grouped kernel's largest tile edge (see kernels.grouped_linear_triton.blocks_for)
 
 
@@ -119,10 +120,15 @@ class GroupLinear(HorizontalRule):
         device = ctx.device_of(nodes)
         declared = getattr(ctx.cost_model, "grouped_linear_backends", None)
         if callable(declared):
-            return tuple(declared(device))
-        if device.type == "cuda" and triton_installed():
-            return ("triton", "padded")
-        return ("padded",)
+            offered = tuple(declared(device))
+        elif device.type == "cuda" and triton_installed():
+            offered = ("triton", "padded")
+        else:
+            offered = ("padded",)
+        meta = ctx.meta(ctx.must_canon(nodes[0])["input"])
+        if meta is None or meta.dtype not in _KERNEL_DTYPES:  # the kernel's tl.dot dtypes
+            offered = tuple(b for b in offered if b != "triton")
+        return offered
 
     def options(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, dict[str, Cost]]:
         """The members' cost as they are, and the cost of each grouped form offered."""
@@ -159,6 +165,8 @@ class GroupLinear(HorizontalRule):
     def choose(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, str, Cost]:
         """(cost before, the cheapest form on this device, its cost)."""
         before, options = self.options(nodes, ctx)
+        if not options:  # nothing offered (e.g. only triton, for a dtype it lacks): no change
+            return before, "none", before
         device = ctx.device_of(nodes)
         best = min(options, key=lambda k: ctx.cost_model.seconds(options[k], device))
         return before, best, options[best]
@@ -171,6 +179,8 @@ class GroupLinear(HorizontalRule):
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node] | None:
         canons = [b.ctx.must_canon(n) for n in nodes]
         _, backend, _ = self.choose(nodes, b.ctx)
+        if backend == "none":
+            return None
         xs = [c["input"] for c in canons]
         ws = [c["weight"] for c in canons]
         bs = [c["bias"] for c in canons] if canons[0]["bias"] is not None else []

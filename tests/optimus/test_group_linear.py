@@ -217,3 +217,11 @@ def test_linears_under_different_grad_modes_do_not_group(interpret: None, switch
     assert sizes == ([3, 3] if switch else [6])
     got = out(*xs)
     assert [t.requires_grad for t in got] == [True] * 3 + [not switch] * 3
+
+
+def test_no_triton_form_for_a_dtype_the_kernel_lacks() -> None:
+    """float64: the kernel has no fp64 dot, so with only the Triton form offered nothing fires."""
+    mod, xs = Projections().double(), [_x().double()]
+    gm = optimize_traced(mod, xs, rules=RULES, cost_model=TRITON_AS_GPU)
+    assert gm.optimus_report.rules_fired == {}
+    assert count_calls(gm, F.linear) == len(WIDTHS)

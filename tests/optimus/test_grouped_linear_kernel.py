@@ -162,3 +162,20 @@ def test_traces_through_aot_autograd() -> None:
     ref = torch.autograd.grad(sum(w.sum() for w in want), [*xs, *ws])
     for g, r in zip(grads, ref, strict=True):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("backend", ["loop", "padded"])
+def test_autocast_casts_like_f_linear(backend: str) -> None:
+    """Under autocast F.linear runs in the autocast dtype; so does the op (its autocast kernel)."""
+    xs, ws, bs = _make([(3, 4, 6), (2, 5, 7)], torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = grouped_linear(xs, ws, bs, "none", backend)
+        want = [F.linear(x, w, b) for x, w, b in zip(xs, ws, bs, strict=True)]
+    assert [g.dtype for g in got] == [w.dtype for w in want] == [torch.bfloat16] * 2
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    grads = torch.autograd.grad(sum(g.float().sum() for g in got), [*xs, *ws, *bs])
+    ref = torch.autograd.grad(sum(w.float().sum() for w in want), [*xs, *ws, *bs])
+    for g, r in zip(grads, ref, strict=True):
+        assert g.dtype == r.dtype == torch.float32
+        torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2)
