@@ -225,3 +225,23 @@ def test_no_triton_form_for_a_dtype_the_kernel_lacks() -> None:
     gm = optimize_traced(mod, xs, rules=RULES, cost_model=TRITON_AS_GPU)
     assert gm.optimus_report.rules_fired == {}
     assert count_calls(gm, F.linear) == len(WIDTHS)
+
+
+@pytest.mark.compile
+def test_inductor_places_the_grouped_op(interpret: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile with the optimus backend: the rule fires in the pre-Inductor graph, Inductor
+    keeps the op (one extern call: the Triton kernel, interpreted here), results and gradients
+    match and land on the module's parameters."""
+    from optimus.kernels import grouped_linear_triton
+
+    calls: list[int] = []
+    forward = grouped_linear_triton.linear_forward
+    monkeypatch.setattr(grouped_linear_triton, "linear_forward", lambda *a: calls.append(1) or forward(*a))
+    torch.manual_seed(0)
+    mod, x = Projections(), _x()
+    compiled = torch.compile(mod, backend=optimus.backend(optimus.OptimusConfig(cost_model=TRITON_AS_GPU)))
+    out = compiled(x)
+    assert calls == [1]
+    torch.testing.assert_close(out, mod(x))
+    out.sum().backward()
+    assert all(p.grad is not None for p in mod.parameters())
