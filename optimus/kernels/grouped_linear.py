@@ -136,10 +136,10 @@ def grouped_linear_backward(
     if activation == "relu":
         grads = [torch.where(y > 0, dy, torch.zeros_like(dy)) for dy, y in zip(grads, ys, strict=True)]
     if backend == "triton":
-        dx, dw = _triton().linear_backward(grads, xs, ws)
-    else:
-        dx = [dy @ w for dy, w in zip(grads, ws, strict=True)]
-        dw = [dy.t() @ x for dy, x in zip(grads, xs, strict=True)]
+        dx, dw, sums = _triton().linear_backward(grads, xs, ws)
+        return dx, dw, sums if has_bias else []
+    dx = [dy @ w for dy, w in zip(grads, ws, strict=True)]
+    dw = [dy.t() @ x for dy, x in zip(grads, xs, strict=True)]
     db = [dy.sum(0) for dy in grads] if has_bias else []
     return dx, dw, db
 

@@ -45,12 +45,14 @@ def _grouped_mm_kernel(
     b_ptrs,  # int64 [G]: address of B_g
     c_ptrs,  # int64 [G]: address of C_g (row-major, row stride ``ldc``)
     bias_ptrs,  # int64 [G]: address of bias_g (read only when HAS_BIAS)
+    sum_ptrs,  # int64 [G]: where ROW_SUMS writes sum_k A_g[m, k] (fp32 [M_g])
     dims,  # int64 [G, 3]: M_g, N_g, K_g
     strides,  # int64 [G, 5]: A row, A col, B row, B col, C row
     tile_start,  # int32 [G + 1]: prefix sums of the groups' tile counts
     G,
     LOG2_G: tl.constexpr,  # search steps: ceil(log2(G)) + 1
     HAS_BIAS: tl.constexpr,
+    ROW_SUMS: tl.constexpr,  # also write A's row sums (db = sum of dY over the batch, for free)
     ACT: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -90,6 +92,8 @@ def _grouped_mm_kernel(
     mask_m = offs_m < m_size
     mask_n = offs_n < n_size
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # not tl.zeros: see _jitted
+    # row sums as a product with a ones tile (every column holds them; tl.sum is a jit helper)
+    row_sum = tl.full((BLOCK_M, 16), 0.0, tl.float32)
     for k0 in range(0, K_MAX, BLOCK_K):  # constexpr bound: see the module docstring
         if k0 < k_size:
             ks = k0 + offs_k
@@ -106,8 +110,21 @@ def _grouped_mm_kernel(
             )
             if FP32_IEEE:
                 acc = tl.dot(a_tile, b_tile, acc, input_precision="ieee")
+                if ROW_SUMS:
+                    ones = tl.full((BLOCK_K, 16), 1.0, tl.float32)
+                    row_sum = tl.dot(a_tile, ones, row_sum, input_precision="ieee")
             else:
                 acc = tl.dot(a_tile, b_tile, acc)
+                if ROW_SUMS:
+                    row_sum = tl.dot(a_tile, tl.full((BLOCK_K, 16), 1.0, a_tile.dtype), row_sum)
+    if ROW_SUMS:  # every column tile computed the same sums: the first one writes them
+        sums = tl.load(sum_ptrs + g).to(tl.pointer_type(tl.float32))
+        col = tl.arange(0, 16)
+        tl.store(
+            sums + offs_m[:, None] + col[None, :] * 0,
+            row_sum,
+            mask=mask_m[:, None] & (col[None, :] == 0) & (pn == 0),
+        )
     if HAS_BIAS:
         bias = tl.load(bias_ptrs + g).to(tl.pointer_type(elem))
         acc += tl.load(bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -164,6 +181,26 @@ def grouped_mm(
     """``[act(a[g] @ b[g] + bias[g]) for g]`` in one launch. ``a[g]``: [M_g, K_g] and ``b[g]``:
     [K_g, N_g], any strides (a transposed view costs nothing); all of one dtype and device.
     Returns new contiguous [M_g, N_g] tensors."""
+    return _grouped_mm(a, b, bias, activation, row_sums=False)[0]
+
+
+def grouped_mm_row_sums(
+    a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``[a[g] @ b[g]]`` and ``[a[g].sum(1)]`` (in ``a``'s dtype, summed in fp32), one launch."""
+    out, sums = _grouped_mm(a, b, None, "none", row_sums=True)
+    # a group with no output column has no tile to compute its sums in (dW of a K == 0 linear)
+    sums = [x.float().sum(1) if w.shape[1] == 0 else s for s, x, w in zip(sums, a, b, strict=True)]
+    return out, [s.to(x.dtype) for s, x in zip(sums, a, strict=True)]
+
+
+def _grouped_mm(
+    a: Sequence[torch.Tensor],
+    b: Sequence[torch.Tensor],
+    bias: Sequence[torch.Tensor] | None,
+    activation: str,
+    row_sums: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if len(a) != len(b) or not a:
         raise ValueError(f"grouped_mm needs as many A as B matrices (>= 1), got {len(a)} and {len(b)}")
     if activation not in ACTIVATIONS:
@@ -178,13 +215,14 @@ def grouped_mm(
         raise ValueError(f"the Triton grouped kernel runs on CUDA (or with TRITON_INTERPRET=1), not {device}")
     mnk = [(x.shape[0], w.shape[1], x.shape[1]) for x, w in zip(a, b, strict=True)]
     out = [torch.empty(m, n, dtype=dtype, device=device) for m, n, _ in mnk]
+    sums = [torch.zeros(m if row_sums else 0, dtype=torch.float32, device=device) for m, _, _ in mnk]
     if bias is not None and len(bias) != len(a):
         raise ValueError(f"got {len(bias)} biases for {len(a)} groups")
     bm, bn, bk = blocks_for(mnk)
     counts = tile_counts(mnk, bm, bn)
     total = sum(counts)
-    if total == 0:
-        return out
+    if total == 0:  # no output tile (N == 0 everywhere, or no rows): row sums stay zero
+        return out, sums
     # a group with K == 0 runs no loop step: its tile is the bias (or zeros), as F.linear gives
     starts = [0]
     for n in counts:
@@ -196,13 +234,14 @@ def grouped_mm(
         + [t.data_ptr() for t in b]
         + [t.data_ptr() for t in out]
         + [t.data_ptr() for t in biases]
+        + [t.data_ptr() for t in sums]
         + [v for d in mnk for v in d]
         + [v for x, w, c in zip(a, b, out, strict=True) for v in (*x.stride(), *w.stride(), c.stride(0))],
         dtype=torch.int64,
     )
     table = host.to(device)  # one host-to-device copy per launch
-    ptrs = table[: 4 * g].view(4, g)
-    dims, strides = table[4 * g : 7 * g], table[7 * g :]
+    ptrs = table[: 5 * g].view(5, g)
+    dims, strides = table[5 * g : 8 * g], table[8 * g :]
     tile_start = torch.tensor(starts, dtype=torch.int32).to(device)
     _jitted(interpreting())[(total,)](
         a[0],
@@ -210,12 +249,14 @@ def grouped_mm(
         ptrs[1],
         ptrs[2],
         ptrs[3],
+        ptrs[4],
         dims,
         strides,
         tile_start,
         g,
         LOG2_G=max(g - 1, 1).bit_length() + 1,
         HAS_BIAS=bias is not None,
+        ROW_SUMS=row_sums,
         ACT=ACTIVATIONS[activation],
         FP32_IEEE=dtype == torch.float32,
         BLOCK_M=bm,
@@ -223,7 +264,7 @@ def grouped_mm(
         BLOCK_K=bk,
         K_MAX=max(k for _, _, k in mnk),
     )
-    return out
+    return out, sums
 
 
 def linear_forward(
@@ -235,8 +276,9 @@ def linear_forward(
 
 def linear_backward(
     grads: Sequence[torch.Tensor], xs: Sequence[torch.Tensor], ws: Sequence[torch.Tensor]
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(dX, dW) from two grouped launches: dX_g = dY_g @ W_g and dW_g = dY_g^T @ X_g."""
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """(dX, dW, db) from two grouped launches: dX_g = dY_g @ W_g, and dW_g = dY_g^T @ X_g with
+    db_g = sum over the batch of dY_g as the row sums of dY_g^T in the same launch."""
     dx = grouped_mm(grads, ws)
-    dw = grouped_mm([dy.t() for dy in grads], xs)
-    return dx, dw
+    dw, db = grouped_mm_row_sums([dy.t() for dy in grads], xs)
+    return dx, dw, db
