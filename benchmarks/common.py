@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 KNOWN_FAMILIES = ("dlrm", "dcn", "towers", "mmoe")
-KNOWN_SCALES = ("tiny", "small", "medium", "large", "xl")
+KNOWN_SCALES = ("tiny", "small", "medium", "large", "xl", "medium-hetero")
 KNOWN_PHASES = ("infer", "train")
 COMPILED_MODES = ("compile", "compile+optimus")
 

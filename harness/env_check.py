@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 TORCH_VERSION = "2.13.0"
 FBGEMM_VERSION = "1.8.0"
+TRITON_VERSION = "3.6.0"  # CPU recipe's pin (the CUDA torch brings the triton it was built with)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ def find_problems(variant: str = "cpu", installed: dict[str, str] | None = None)
                     f"fbgemm-gpu-cpu {pkgs.get('fbgemm-gpu-cpu')} installed, recipe pins {FBGEMM_VERSION}"
                 )
             )
+        if pkgs.get("triton") != TRITON_VERSION:
+            problems.append(Problem(f"triton {pkgs.get('triton')} installed, recipe pins {TRITON_VERSION}"))
         cuda = sorted(n for n in pkgs if n.startswith("nvidia-"))
         if cuda:
             problems.append(Problem(f"CUDA packages installed in a CPU environment: {', '.join(cuda)}"))
@@ -67,6 +70,8 @@ def find_problems(variant: str = "cpu", installed: dict[str, str] | None = None)
         problems.append(
             Problem(f"fbgemm-gpu {pkgs.get('fbgemm-gpu')} installed, recipe pins {FBGEMM_VERSION}")
         )
+    if variant == "gpu" and "triton" not in pkgs and "pytorch-triton" not in pkgs:
+        problems.append(Problem("triton is not installed (the CUDA torch should bring it)"))
     if "torchrec" not in pkgs:
         problems.append(Problem("torchrec is not installed"))
     return problems

@@ -65,7 +65,10 @@ def analyse(family_name: str, cfg: Mapping[str, Any], lay: SparseLayout) -> Dens
     with torch.no_grad(), counter, sizes:
         dense(*inputs)
     b = int(cfg["batch_size"])
-    pooling_adds = int(lay.num_features * float(cfg["pooling_mean"]) * lay.embedding_dim)
+    if lay.table_dims:
+        pooling_adds = int(float(cfg["pooling_mean"]) * lay.pooled_dim)
+    else:
+        pooling_adds = int(lay.num_features * float(cfg["pooling_mean"]) * lay.embedding_dim)
     return DenseAnalysis(
         dense_params=sum(p.numel() for p in dense.parameters()),
         activation_bytes=sizes.total,

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, mlp
+from models.layers import PerFeatureTowers, feature_split, mlp
 from models.sparse import SparseLayout
+from models.widths import widths
 
 FIELDS: dict[str, Field] = {
     "structure": Field("str", "cross and deep arrangement", choices=("stacked", "parallel")),
@@ -42,12 +43,15 @@ class LowRankCross(nn.Module):
 class DCNDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
-        d, n, adapter = lay.embedding_dim, lay.num_features, int(cfg["adapter_dim"])
-        self.dim = d
+        n, adapter = lay.num_features, int(cfg["adapter_dim"])
+        self.split = feature_split(lay)
+        adapter_widths = widths(cfg, n, "adapters", adapter) if adapter else ()  # hetero: drawn
         self.adapters = (
-            PerFeatureTowers([d] * n, adapter, 1, norm=True, act=False, gate=False) if adapter else None
+            PerFeatureTowers(lay.feature_dims, adapter_widths, 1, norm=True, act=False, gate=False)
+            if adapter
+            else None
         )
-        width = (adapter or d) * n + int(cfg["num_dense_features"])
+        width = (sum(adapter_widths) if adapter else lay.pooled_dim) + int(cfg["num_dense_features"])
         self.cross = nn.ModuleList(
             LowRankCross(width, int(cfg["cross_rank"])) for _ in range(cfg["cross_layers"])
         )
@@ -58,7 +62,7 @@ class DCNDense(nn.Module):
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
         if self.adapters is not None:
-            feats = self.adapters(torch.split(pooled, self.dim, dim=1))
+            feats = self.adapters(torch.split(pooled, self.split, dim=1))
             x0 = torch.cat([*feats, dense_features], dim=1)
         else:
             x0 = torch.cat([pooled, dense_features], dim=1)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, mlp, split_sizes
+from models.layers import PerFeatureTowers, feature_split, mlp, split_sizes
 from models.sparse import SparseLayout
 
 FIELDS: dict[str, Field] = {
@@ -32,10 +32,11 @@ class DLRMDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
         d, n = lay.embedding_dim, lay.num_features
-        self.dim = d
+        self.split = feature_split(lay)
         self.bottom = mlp(int(cfg["num_dense_features"]), [*cfg["bottom_mlp"], d])
+        # hetero configs: each projection brings its table's own dim to d (different-K linears)
         self.projections = (
-            PerFeatureTowers([d] * n, d, 1, norm=False, act=False, gate=False)
+            PerFeatureTowers(lay.feature_dims, d, 1, norm=False, act=False, gate=False)
             if cfg["feature_projections"]
             else None
         )
@@ -50,7 +51,7 @@ class DLRMDense(nn.Module):
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
         x = self.bottom(dense_features)
-        feats = list(torch.split(pooled, self.dim, dim=1))
+        feats = list(torch.split(pooled, self.split, dim=1))
         if self.projections is not None:
             feats = self.projections(feats)
         outs = [x]

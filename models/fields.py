@@ -21,6 +21,7 @@ class Field:
     low: float | None = None  # inclusive lower bound for numbers, min length for widths
     high: float | None = None  # inclusive upper bound for numbers
     choices: tuple[str, ...] = ()
+    optional: bool = False  # may be absent from a config (presets that do not use it leave it out)
 
     def allowed(self) -> str:
         if self.kind == "widths":
@@ -52,6 +53,15 @@ COMMON: dict[str, Field] = {
     "memory_budget_gib": Field(
         "float", "RAM the model, optimizer state and batches must fit in", 0.001, None
     ),
+    # optional: absent in the uniform presets, so their configs (and fingerprints) are unchanged
+    "hetero_seed": Field(
+        "int",
+        "seed of the heterogeneous widths: per-table embedding dims, per-tower/expert widths "
+        "(absent: uniform; see models/widths.py)",
+        0,
+        2**31 - 1,
+        optional=True,
+    ),
 }
 
 
@@ -62,6 +72,8 @@ def check(family: str, cfg: Mapping[str, Any], fields: Mapping[str, Field]) -> N
         raise ValueError(f"{family}: unknown config field(s) {unknown}; allowed fields: {sorted(fields)}")
     for name, spec in fields.items():
         if name not in cfg:
+            if spec.optional:
+                continue
             raise ValueError(f"{family}: config field {name!r} is missing ({spec.doc})")
         _check_value(family, name, cfg[name], spec)
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from models.sparse import SparseLayout
+
 
 def mlp(in_dim: int, widths: Sequence[int], last_act: bool = True) -> nn.Sequential:
     """Linear -> ReLU stack; `last_act=False` leaves the last Linear bare (logits, projections)."""
@@ -53,13 +55,26 @@ class FeatureTower(nn.Module):
 
 
 class PerFeatureTowers(nn.Module):
-    """One FeatureTower per input piece; returns the list of outputs in order."""
+    """One FeatureTower per input piece; returns the list of outputs in order. ``width``: one
+    width for every tower, or one per tower (heterogeneous configs, see models/widths.py)."""
 
     def __init__(
-        self, in_dims: Sequence[int], width: int, layers: int, norm: bool, act: bool, gate: bool
+        self,
+        in_dims: Sequence[int],
+        width: int | Sequence[int],
+        layers: int,
+        norm: bool,
+        act: bool,
+        gate: bool,
     ) -> None:
         super().__init__()
-        self.towers = nn.ModuleList(FeatureTower(d, width, layers, norm, act, gate) for d in in_dims)
+        outs = [width] * len(in_dims) if isinstance(width, int) else list(width)
+        if len(outs) != len(in_dims):
+            raise ValueError(f"PerFeatureTowers: {len(outs)} widths for {len(in_dims)} inputs")
+        self.widths = outs
+        self.towers = nn.ModuleList(
+            FeatureTower(d, w, layers, norm, act, gate) for d, w in zip(in_dims, outs, strict=True)
+        )
 
     def forward(self, pieces: Sequence[Tensor]) -> list[Tensor]:
         return [tower(x) for tower, x in zip(self.towers, pieces, strict=True)]
@@ -69,3 +84,9 @@ def split_sizes(total: int, parts: int) -> list[int]:
     """`total` split into `parts` contiguous sizes differing by at most one (feature groups)."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def feature_split(lay: SparseLayout) -> int | list[int]:
+    """The ``torch.split`` argument that cuts the pooled embeddings into features: the one
+    embedding dim (uniform configs: the graph stays exactly what it was) or every feature's dim."""
+    return list(lay.feature_dims) if lay.table_dims else lay.embedding_dim

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, mlp
+from models.layers import PerFeatureTowers, feature_split, mlp
 from models.sparse import SparseLayout
+from models.widths import widths
 
 FIELDS: dict[str, Field] = {
     "num_experts": Field("int", "expert MLPs shared by all tasks", 1, 4096),
@@ -29,23 +30,32 @@ FIELDS: dict[str, Field] = {
 class MMoEDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
-        d, n, adapter = lay.embedding_dim, lay.num_features, int(cfg["adapter_dim"])
-        self.dim = d
+        n, adapter = lay.num_features, int(cfg["adapter_dim"])
+        self.split = feature_split(lay)
+        adapter_widths = widths(cfg, n, "adapters", adapter) if adapter else ()  # hetero: drawn
         self.adapters = (
-            PerFeatureTowers([d] * n, adapter, 1, norm=True, act=True, gate=False) if adapter else None
+            PerFeatureTowers(lay.feature_dims, adapter_widths, 1, norm=True, act=True, gate=False)
+            if adapter
+            else None
         )
-        width = (adapter or d) * n + int(cfg["num_dense_features"])
+        width = (sum(adapter_widths) if adapter else lay.pooled_dim) + int(cfg["num_dense_features"])
         experts, tasks = int(cfg["num_experts"]), int(cfg["num_tasks"])
-        self.experts = nn.ModuleList(mlp(width, cfg["expert_mlp"]) for _ in range(experts))
+        # hetero: each expert's hidden widths but the last (stacked across experts) are drawn
+        mlp_w = list(cfg["expert_mlp"])
+        inner = [widths(cfg, experts, f"experts.{i}", w) for i, w in enumerate(mlp_w[:-1])]
+        self.experts = nn.ModuleList(
+            mlp(width, [*(col[e] for col in inner), mlp_w[-1]]) for e in range(experts)
+        )
         self.gates = nn.ModuleList(nn.Linear(width, experts) for _ in range(tasks))
-        hidden = cfg["expert_mlp"][-1]
+        hidden = mlp_w[-1]
+        tower_w = [widths(cfg, tasks, f"task_towers.{i}", w) for i, w in enumerate(cfg["task_tower"])]
         self.towers = nn.ModuleList(
-            mlp(hidden, [*cfg["task_tower"], 1], last_act=False) for _ in range(tasks)
+            mlp(hidden, [*(col[t] for col in tower_w), 1], last_act=False) for t in range(tasks)
         )
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
         if self.adapters is not None:
-            x = torch.cat([*self.adapters(torch.split(pooled, self.dim, dim=1)), dense_features], dim=1)
+            x = torch.cat([*self.adapters(torch.split(pooled, self.split, dim=1)), dense_features], dim=1)
         else:
             x = torch.cat([pooled, dense_features], dim=1)
         experts = torch.stack([expert(x) for expert in self.experts], dim=1)  # [B, E, H]

@@ -17,21 +17,25 @@ PRESET_TABLE_BEGIN
 | dlrm | medium | 200 | 32 | 100 | 2000 | 16 | 256 | 3 | 4.75M | 12.2 MiB | 876 | 3.28M | 157.3 MiB |
 | dlrm | large | 760 | 64 | 380 | 4000 | 16 | 256 | 4 | 31.06M | 92.8 MiB | 3212 | 14.30M | 813.5 MiB |
 | dlrm | xl | 2500 | 128 | 625 | 4000 | 16 | 256 | 6 | 92.64M | 152.6 MiB | 10412 | 108.56M | 2.8 GiB |
+| dlrm | medium-hetero | 200 | 32 | 100 | 2000 | 8-128 | 256 | 3 | 11.51M | 37.6 MiB | 876 | 3.51M | 287.3 MiB |
 | dcn | tiny | 4 | 4 | 4 | 100 | 8 | 16 | 2 | 4.83K | 12.5 KiB | 54 | 2.94K | 143.7 KiB |
 | dcn | small | 26 | 13 | 26 | 2000 | 16 | 128 | 2 | 1.07M | 3.2 MiB | 219 | 464.99K | 25.1 MiB |
 | dcn | medium | 120 | 32 | 60 | 2000 | 16 | 256 | 3 | 2.97M | 7.3 MiB | 878 | 2.08M | 93.5 MiB |
 | dcn | large | 440 | 64 | 220 | 4000 | 16 | 256 | 4 | 17.98M | 53.7 MiB | 3125 | 7.76M | 457.7 MiB |
 | dcn | xl | 1450 | 128 | 363 | 4000 | 16 | 256 | 6 | 48.12M | 88.6 MiB | 10195 | 49.65M | 1.4 GiB |
+| dcn | medium-hetero | 120 | 32 | 60 | 2000 | 8-128 | 256 | 3 | 8.39M | 26.0 MiB | 878 | 3.14M | 212.1 MiB |
 | towers | tiny | 4 | 4 | 4 | 100 | 8 | 16 | 2 | 5.31K | 12.5 KiB | 133 | 3.58K | 175.8 KiB |
 | towers | small | 26 | 13 | 26 | 2000 | 16 | 128 | 2 | 996.48K | 3.2 MiB | 617 | 322.85K | 23.1 MiB |
 | towers | medium | 60 | 32 | 30 | 2000 | 16 | 256 | 3 | 1.64M | 3.7 MiB | 1377 | 1.35M | 60.0 MiB |
 | towers | large | 150 | 64 | 75 | 4000 | 16 | 256 | 4 | 7.92M | 18.3 MiB | 3337 | 6.21M | 215.5 MiB |
 | towers | xl | 480 | 128 | 120 | 4000 | 16 | 256 | 6 | 16.77M | 29.3 MiB | 10257 | 18.08M | 534.0 MiB |
+| towers | medium-hetero | 60 | 32 | 30 | 2000 | 8-128 | 256 | 3 | 4.37M | 13.1 MiB | 1377 | 1.87M | 118.4 MiB |
 | mmoe | tiny | 4 | 4 | 4 | 100 | 8 | 16 | 2 | 5.17K | 12.5 KiB | 75 | 3.71K | 153.8 KiB |
 | mmoe | small | 26 | 13 | 26 | 2000 | 16 | 128 | 2 | 1.10M | 3.2 MiB | 275 | 534.58K | 24.2 MiB |
 | mmoe | medium | 100 | 32 | 50 | 2000 | 16 | 256 | 3 | 3.48M | 6.1 MiB | 913 | 3.75M | 98.1 MiB |
 | mmoe | large | 385 | 64 | 193 | 4000 | 16 | 256 | 4 | 19.09M | 47.1 MiB | 3207 | 13.47M | 416.4 MiB |
 | mmoe | xl | 1260 | 128 | 315 | 4000 | 16 | 256 | 6 | 106.06M | 76.9 MiB | 10299 | 171.77M | 2.5 GiB |
+| mmoe | medium-hetero | 100 | 32 | 50 | 2000 | 8-128 | 256 | 3 | 8.48M | 20.4 MiB | 913 | 6.27M | 203.0 MiB |
 PRESET_TABLE_END
 """
 
@@ -43,7 +47,10 @@ from typing import Any
 from models.fields import COMMON, Field, check
 from models.registry import family
 
-SCALES: tuple[str, ...] = ("tiny", "small", "medium", "large", "xl")
+SCALES: tuple[str, ...] = ("tiny", "small", "medium", "large", "xl", "medium-hetero")
+# Scales that are another scale's preset plus heterogeneous widths (models/widths.py): same
+# feature counts and base widths, every table dim and tower/expert width drawn from the seed.
+HETERO_SCALES: dict[str, tuple[str, int]] = {"medium-hetero": ("medium", 0)}
 
 _DATA = {"pooling_spread": 0.6, "zipf_alpha": 1.05, "memory_budget_gib": 8.0}
 
@@ -123,17 +130,23 @@ def preset(family_name: str, scale: str) -> dict[str, Any]:
     family(family_name)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; allowed scales: {list(SCALES)}")
+    if scale in HETERO_SCALES:
+        base, seed = HETERO_SCALES[scale]
+        return {**SCALE_COMMON[base], **FAMILY_SCALE[family_name][base], "hetero_seed": seed}
     return {**SCALE_COMMON[scale], **FAMILY_SCALE[family_name][scale]}
 
 
 def resolve(family_name: str, scale: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Preset + overrides, every field checked (ValueError naming the field) before any allocation."""
     cfg = preset(family_name, scale)
+    allowed = fields(family_name)
     for key, value in (overrides or {}).items():
-        if key not in cfg:
-            raise ValueError(f"{family_name}: unknown config field {key!r}; allowed fields: {sorted(cfg)}")
+        if key not in cfg and not (key in allowed and allowed[key].optional):
+            raise ValueError(
+                f"{family_name}: unknown config field {key!r}; allowed fields: {sorted(allowed)}"
+            )
         cfg[key] = value
-    check(family_name, cfg, fields(family_name))
+    check(family_name, cfg, allowed)
     _check_cross_fields(family_name, cfg)
     return cfg
 
@@ -144,6 +157,11 @@ def _check_cross_fields(family_name: str, cfg: Mapping[str, Any]) -> None:
         raise ValueError(
             f"dlrm: config field 'interaction_groups'={cfg['interaction_groups']} exceeds "
             f"num_sparse_features={n}; allowed: 1..num_sparse_features"
+        )
+    if family_name == "dlrm" and "hetero_seed" in cfg and not cfg["feature_projections"]:
+        raise ValueError(
+            "dlrm: config field 'hetero_seed' needs feature_projections=True (the projections bring "
+            "every table's own dim to the interaction's embedding_dim); allowed: feature_projections=True"
         )
     if family_name == "towers" and cfg["dense_groups"] > cfg["num_dense_features"]:
         raise ValueError(

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, mlp, split_sizes
+from models.layers import PerFeatureTowers, feature_split, mlp, split_sizes
 from models.sparse import SparseLayout
+from models.widths import widths
 
 FIELDS: dict[str, Field] = {
     "tower_layers": Field("int", "Linear->LayerNorm->SiLU layers per feature tower", 1, 3),
@@ -31,17 +32,23 @@ FIELDS: dict[str, Field] = {
 class TowersDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
-        d, n = lay.embedding_dim, lay.num_features
+        n = lay.num_features
         width, layers, gated = int(cfg["tower_dim"]), int(cfg["tower_layers"]), bool(cfg["gated"])
-        self.dim = d
+        self.split = feature_split(lay)
         self.group_sizes = split_sizes(int(cfg["num_dense_features"]), int(cfg["dense_groups"]))
-        self.sparse_towers = PerFeatureTowers([d] * n, width, layers, norm=True, act=True, gate=gated)
-        self.dense_towers = PerFeatureTowers(self.group_sizes, width, layers, norm=True, act=True, gate=gated)
-        over_in = width * (n + len(self.group_sizes))
+        groups = len(self.group_sizes)
+        tower_widths = widths(cfg, n + groups, "towers", width)  # all tower_dim unless hetero
+        self.sparse_towers = PerFeatureTowers(
+            lay.feature_dims, tower_widths[:n], layers, norm=True, act=True, gate=gated
+        )
+        self.dense_towers = PerFeatureTowers(
+            self.group_sizes, tower_widths[n:], layers, norm=True, act=True, gate=gated
+        )
+        over_in = sum(tower_widths)
         self.over_arch = mlp(over_in, [*cfg["over_arch"], int(cfg["num_tasks"])], last_act=False)
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
-        sparse = self.sparse_towers(torch.split(pooled, self.dim, dim=1))
+        sparse = self.sparse_towers(torch.split(pooled, self.split, dim=1))
         dense = self.dense_towers(torch.split(dense_features, self.group_sizes, dim=1))
         return self.over_arch(torch.cat([*sparse, *dense], dim=1))
 

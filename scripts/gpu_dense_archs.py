@@ -57,7 +57,7 @@ import gpu_check
 
 FAMILIES = ("towers", "mmoe", "dcn", "dlrm")  # models.registry.FAMILIES, in priority order
 PRIORITY_FAMILIES = ("towers", "mmoe")  # over every scale before the other families
-SCALES = ("tiny", "small", "medium", "large", "xl")  # models.presets.SCALES
+SCALES = ("tiny", "small", "medium", "large", "xl", "medium-hetero")  # models.presets.SCALES
 TORCHREC_NAMES = ("KeyedJaggedTensor", "EmbeddingBagCollection", "EmbeddingBagConfig", "PoolingType")
 STUB_MARK = "__gpu_dense_archs_stub__"
 

@@ -13,6 +13,7 @@ from .batch_pointwise import BatchBinary, BatchUnary
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
 from .flatten_cats import FlattenCats
+from .group_linear import GroupLinear
 from .merge_shared_linear import MergeSharedLinear
 from .merge_splits import MergeSplits
 from .noop_split_cat import NoopSplitCat
@@ -30,6 +31,7 @@ REGISTRY: dict[str, type] = {
     "merge_shared_linear": MergeSharedLinear,
     # horizontal batch fusion
     "batch_linear": BatchLinear,
+    "group_linear": GroupLinear,  # different-shape linears: one grouped launch (Triton on CUDA)
     "batch_layer_norm": BatchLayerNorm,
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,

@@ -38,6 +38,22 @@ def test_env_check_flags_cuda_fbgemm_and_nvidia() -> None:
     assert any("2.14.1" in p.message for p in env_check.find_problems("cpu", wrong_torch))
 
 
+def test_env_check_knows_the_triton_pin() -> None:
+    ok = {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0", "triton": "3.6.0"}
+    assert env_check.find_problems("cpu", ok) == []
+    for triton in (None, "3.7.0"):
+        pkgs = {k: v for k, v in ok.items() if k != "triton"}
+        if triton is not None:
+            pkgs["triton"] = triton
+        messages = [p.message for p in env_check.find_problems("cpu", pkgs)]
+        assert messages == [f"triton {triton} installed, recipe pins {env_check.TRITON_VERSION}"]
+    gpu = {"torch": "2.13.0", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
+    assert [p.message for p in env_check.find_problems("gpu", gpu)] == [
+        "triton is not installed (the CUDA torch should bring it)"
+    ]
+    assert env_check.find_problems("gpu", {**gpu, "triton": "3.7.1"}) == []
+
+
 def test_two_table_ebc_forward_backward() -> None:
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(

@@ -13,7 +13,7 @@ import models
 
 def test_public_names() -> None:
     assert models.FAMILIES == ("dlrm", "dcn", "towers", "mmoe")
-    assert models.SCALES == ("tiny", "small", "medium", "large", "xl")
+    assert models.SCALES == ("tiny", "small", "medium", "large", "xl", "medium-hetero")
 
 
 def test_contract_shapes(tiny: models.Built) -> None:
