@@ -18,7 +18,7 @@ offered are the device's own (above).
 
 Conservative by design: members must be movable (not ordered, not reading a mutated value: see
 ``optimus.effects``), and a linear is keyed by the grad-mode/autocast region it sits in (the
-number of ``_set_grad_enabled``/autocast enter/exit nodes before it), so linears under different
+engine's segment, :mod:`optimus.regions`), so linears under different
 grad modes are never grouped. Groups whose members all share one shape are left to
 ``batch_linear``. Parameters are passed as they are (no stacking, no copy), so the rule needs
 nothing from the parameter layout and works unchanged under ``RelayoutParams``: gradients land
@@ -36,25 +36,12 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ..graph_index import GraphIndex
 from ..kernels.grouped_linear import triton_installed
 from ..meta import TensorMeta
 from .base import Candidate, Cost, HorizontalRule
 
-_REGION_MARKERS = (
-    "_set_grad_enabled",
-    "_enter_autocast",
-    "_exit_autocast",
-    "inference_mode",
-    "set_grad_enabled",
-)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 64  # the grouped kernel's largest tile edge (see kernels.grouped_linear_triton.blocks_for)
-
-
-def _is_region_marker(node: fx.Node) -> bool:
-    name = getattr(node.target, "__name__", str(node.target))
-    return node.op in ("call_function", "call_method") and any(m in name for m in _REGION_MARKERS)
 
 
 def _shapes(nodes: Sequence[fx.Node], ctx: RewriteContext) -> list[tuple[int, int, int]]:
@@ -79,20 +66,6 @@ def _tile(size: int) -> int:
 class GroupLinear(HorizontalRule):
     name = "group_linear"
 
-    def __init__(self) -> None:
-        self._region_index: GraphIndex | None = None
-        self._region: dict[fx.Node, int] = {}
-
-    def region(self, node: fx.Node, ctx: RewriteContext) -> int:
-        """How many grad-mode/autocast switches precede ``node`` (computed once per round)."""
-        if self._region_index is not ctx.index:
-            self._region_index, self._region, count = ctx.index, {}, 0
-            for n in ctx.index.nodes:
-                if _is_region_marker(n):
-                    count += 1
-                self._region[n] = count
-        return self._region.get(node, -1)
-
     def key(self, node: fx.Node, ctx: RewriteContext) -> Hashable | None:
         canon = ctx.canon(node)
         if canon is None or canon.op != "linear":
@@ -105,7 +78,7 @@ class GroupLinear(HorizontalRule):
             return None
         if w.dtype != x.dtype or w.device != x.device:
             return None
-        return ("group_linear", x.dtype, x.device, bias is not None, self.region(node, ctx))
+        return ("group_linear", x.dtype, x.device, bias is not None, ctx.index.regions.of(node))
 
     def match(self, ctx: RewriteContext) -> list[Candidate]:
         out = []
