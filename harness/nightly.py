@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import re
 import subprocess
@@ -40,10 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import compare, results
+from harness import compare, exit_codes, results
 from harness.env import REPO_ROOT, git_info
+from harness.outputs import check_output_dir, check_output_file
 from harness.results import write_atomic
-from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig
+from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig, resolve_device
 
 DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "nightly_thresholds.json"
 DEFAULT_STORE = REPO_ROOT / "results" / "nightly"
@@ -103,11 +105,19 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
     th_doc = _section(doc, "harness", p)
     th_fields = compare.Thresholds.__dataclass_fields__
     _check_keys(th_doc, th_fields, f"{p}: harness")
-    th = compare.Thresholds(**th_doc).validate()
+    try:
+        th = compare.Thresholds(**th_doc).validate()
+    except ValueError as e:
+        raise ValueError(f"{p}: harness.{e}") from None
     asv = _section(doc, "asv", p)
     _check_keys(asv, ("enabled", "factor", "bench", "quick", "higher_is_better", "report_only"), f"{p}: asv")
-    factor = float(asv.get("factor", 1.1))
-    if factor < 1.0:
+    factor = asv.get("factor", 1.1)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or factor < 1.0
+    ):
         raise ValueError(f"{p}: asv.factor must be >= 1.0 (a ratio), got {factor}")
     rerun = _section(doc, "rerun", p)
     _check_keys(rerun, ("max_reruns",), f"{p}: rerun")
@@ -187,7 +197,8 @@ def _only(doc: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _flagged(rows: Iterable[compare.Row]) -> set[tuple[str, str]]:
-    return {(r.cell, r.metric) for r in rows if r.verdict == "regression"}
+    """Regressions and failed cells: both are measured again before they count."""
+    return {(r.cell, r.metric) for r in rows if r.verdict in ("regression", "failed")}
 
 
 def confirm_regressions(
@@ -215,7 +226,7 @@ def confirm_regressions(
                 break
     rows = compare.compare_docs(base, new, th)
     for r in rows:
-        if r.verdict == "regression" and (r.cell, r.metric) not in confirmed:
+        if r.verdict in ("regression", "failed") and (r.cell, r.metric) not in confirmed:
             r.verdict = "not confirmed"
     return HarnessOutcome(rows, first, confirmed, reruns)
 
@@ -487,14 +498,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
 
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def main_from_args(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_config(args.config)
@@ -502,10 +505,15 @@ def main_from_args(args: argparse.Namespace) -> int:
     for name in ("models", "scale", "modes", "phases", "threads"):
         if getattr(args, name) is not None:
             suite[name] = getattr(args, name)
-    run_cfg = run_config(suite, args.provider, _device(args.device))
+    run_cfg = run_config(suite, args.provider, resolve_device(args.device))
     suite.update({k: getattr(run_cfg, k) for k in ("models", "modes", "phases", "scale")})
-    store = Path(args.store)
+    # Every input and output is checked before the measurement, not after it.
+    store = check_output_dir(args.store, "--store")
+    check_output_dir(store / "runs", "--store")
+    if args.summary:
+        check_output_file(args.summary, "--summary")
     history = load_history(store)
+    given_base = results.load(args.base) if args.base else None
     git = git_info()
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -523,8 +531,8 @@ def main_from_args(args: argparse.Namespace) -> int:
 
     base_entry: dict[str, Any] | None
     base_doc: dict[str, Any] | None
-    if args.base:
-        base_doc = results.load(args.base)
+    if given_base is not None:
+        base_doc = given_base
         given_sha = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
         base_entry = {"sha": given_sha, "date": "-", "results": str(Path(args.base).resolve())}
     else:
@@ -574,8 +582,13 @@ def main_from_args(args: argparse.Namespace) -> int:
             log(f"asv part failed: {e}")
         asv_note += f" asv output: `{asv_log}`."
 
-    harness_regressed = outcome is not None and bool(outcome.confirmed)
-    if harness_regressed or asv_regressed:
+    lost = [] if outcome is None else compare.incomplete(outcome.rows)
+    if base_doc is None:  # the first night: nothing to compare, but a failed cell is no baseline
+        lost = [r for r in compare.compare_docs(new, new) if r.verdict in compare.INCOMPLETE_VERDICTS]
+    harness_regressed = outcome is not None and any(r.verdict == "regression" for r in outcome.rows)
+    if lost:
+        status = "incomplete"  # recorded, never a base
+    elif harness_regressed or asv_regressed:
         status = "regression"
     elif asv_failed:
         status = "error"  # recorded, never a base
@@ -615,7 +628,11 @@ def main_from_args(args: argparse.Namespace) -> int:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
-    rc = {"regression": 1, "error": 2}.get(status, 0)
+    rc = {
+        "regression": exit_codes.REGRESSION,
+        "incomplete": exit_codes.INCOMPLETE,
+        "error": exit_codes.TOOL_FAILED,
+    }.get(status, exit_codes.OK)
     if args.publish and asv_ran:
         try:
             pub_conf = asv_config_for_branch(
@@ -625,7 +642,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
         except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
             log(f"asv publish failed: {e}")
-            rc = rc or 2
+            rc = rc or exit_codes.TOOL_FAILED
     return rc
 
 
