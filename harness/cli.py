@@ -188,6 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.nightly import add_arguments as add_nightly_arguments
 
     add_nightly_arguments(p)
+
+    p = sub.add_parser(
+        "replay",
+        help="detection quality of the nightly gates on synthetic histories (false alerts, recall, nights to catch)",
+    )
+    from harness.replay import add_arguments as add_replay_arguments
+
+    add_replay_arguments(p)
+
+    p = sub.add_parser("changes", help="change points of a nightly history (table and plot)")
+    from harness.changes_cmd import add_arguments as add_changes_arguments
+
+    add_changes_arguments(p)
     return parser
 
 
@@ -361,6 +374,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.replay import main_from_args
+
+    return main_from_args(args)
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from harness.changes_cmd import main_from_args
+
+    return main_from_args(args)
+
+
 COMMANDS = {
     "list": cmd_list,
     "models": cmd_models,
@@ -370,6 +395,8 @@ COMMANDS = {
     "reproduce": cmd_reproduce,
     "ab": cmd_ab,
     "nightly": cmd_nightly,
+    "replay": cmd_replay,
+    "changes": cmd_changes,
 }
 
 

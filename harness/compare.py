@@ -67,16 +67,22 @@ def compare_latency(
     base: list[float], new: list[float], th: Thresholds
 ) -> tuple[str, float, float, tuple[float, float]]:
     """Verdict, relative median change, p-value and CI for two latency sample sets."""
+    verdict, change, p = latency_verdict(base, new, th)
+    return verdict, change, p, bootstrap_median_ratio(base, new)
+
+
+def latency_verdict(base: list[float], new: list[float], th: Thresholds) -> tuple[str, float, float]:
+    """The latency rule alone (no interval): verdict, relative median change, p-value. The
+    replay benchmark (``harness.replay``) judges thousands of nights with it."""
     import numpy as np
 
     mb, mn = float(np.median(base)), float(np.median(new))
     change = mn / mb - 1.0 if mb > 0 else 0.0
     _, p = mann_whitney_u(base, new)
-    ci = bootstrap_median_ratio(base, new)
     verdict = "no change"
     if p < th.alpha and abs(change) > th.latency:
         verdict = "regression" if change > 0 else "improvement"
-    return verdict, change, p, ci
+    return verdict, change, p
 
 
 def _scalar(base: float, new: float, rel: float, abs_min: float) -> tuple[str, float | None]:

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import compare, exit_codes, results
+from harness import compare, exit_codes, history_store, results
 from harness.env import REPO_ROOT, git_info
+from harness.nightly_changes import ChangeConfig, analyse, build_series, config_from, format_changes
 from harness.outputs import check_output_dir, check_output_file
 from harness.results import write_atomic
 from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig, resolve_device
@@ -73,6 +74,7 @@ class NightlyConfig:
     higher_is_better: tuple[str, ...] = ()
     report_only: tuple[str, ...] = ()
     max_reruns: int = 1
+    changes: ChangeConfig = field(default_factory=ChangeConfig)
 
 
 def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: top level must be an object")
-    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun"), str(p))
+    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun", "alert"), str(p))
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
     th_doc = _section(doc, "harness", p)
@@ -134,6 +136,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         higher_is_better=tuple(asv.get("higher_is_better", ())),
         report_only=tuple(asv.get("report_only", ())),
         max_reruns=max_reruns,
+        changes=config_from(_section(doc, "alert", p), f"{p}: alert"),
     )
 
 
@@ -417,6 +420,66 @@ def _fmt_cfg(cfg: NightlyConfig) -> str:
     )
 
 
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclass
+class ChangePoints:
+    active: bool  # enough nights of this machine for change points to gate
+    alerts: list[str]  # "cell metric commit-range size (reason)" of tonight's alerts
+    markdown: str
+    open: set[tuple[str, str]] = field(
+        default_factory=set
+    )  # (cell, metric) whose latest change is an alerted regression
+
+
+def change_points(
+    path: Path,
+    tonight: dict[str, Any],
+    sha: str,
+    flagged: list[tuple[str, str]],
+    cfg: ChangeConfig,
+    log: Callable[[str], None],
+) -> ChangePoints:
+    """Change points of this machine's history plus tonight, and tonight's alerts (see
+    ``harness.alert_policy``). Without the detector installed: a note, and the pairwise gate
+    alone decides, as before."""
+    try:
+        detector = cfg.make_detector()
+        detector([1.0, 1.0, 1.0, 1.0])  # imports the library now, not halfway through
+    except ImportError as e:
+        return ChangePoints(False, [], f"Change points skipped: {e} (install with scripts/install-deps).")
+    nights = history_store.read(path)
+    machine = history_store.machine_key(tonight["env"])
+    same, left_out = history_store.select(nights, machine)
+    now = history_store.Night(0, machine, {"sha": sha, "flagged": [list(f) for f in flagged]}, tonight)
+    same = [*same, now][-cfg.max_nights :]
+    active = len(same) >= cfg.min_history
+    notes = [f"{len(same)} night(s) of this machine ({history_store.describe_machine(machine)}); "
+             f"detector {cfg.detector} (p < {cfg.max_pvalue}); policy {cfg.policy}."]  # fmt: skip
+    notes += left_out
+    if not active:
+        notes.append(f"Fewer than {cfg.min_history} nights: the pairwise gate alone decides tonight.")
+        return ChangePoints(False, [], "\n".join(notes) + "\n")
+    found = [analyse(s, cfg, detector) for s in build_series(same)]
+    alerts = []
+    still_open = {
+        (r.series.cell, r.series.metric)
+        for r in found
+        if r.changes
+        and r.changes[-1].regression
+        and any(abs(c.index - r.changes[-1].index) <= cfg.policy.dedupe for _, c, _ in r.alerts)
+    }
+    for r in found:
+        for c, why in r.alerted_tonight():
+            if r.series.values:
+                rng = f"{r.series.shas[c.index - 1][:10]}..{r.series.shas[c.index][:10]}"
+                alerts.append(f"{r.series.cell} {r.series.metric} {rng} {c.change * 100:+.1f}% ({why})")
+    for a in alerts:
+        log(f"change-point alert: {a}")
+    return ChangePoints(True, alerts, "\n".join(notes) + "\n\n" + format_changes(found), still_open)
+
+
 def summary_markdown(
     *,
     sha: str,
@@ -429,6 +492,7 @@ def summary_markdown(
     status: str,
     n_cells: int,
     elapsed_s: float,
+    changes_md: str = "",
 ) -> str:
     head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
     lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
@@ -456,6 +520,8 @@ def summary_markdown(
             for rr in outcome.reruns:
                 lines.append(f"| {rr.cell} | {rr.attempt} | {', '.join(rr.flagged) or 'no (cleared)'} |")
             lines.append("")
+    if changes_md:
+        lines += ["## Change points over the history", "", changes_md, ""]
     lines.append("## asv")
     lines.append("")
     if asv_note:
@@ -582,14 +648,29 @@ def main_from_args(args: argparse.Namespace) -> int:
             log(f"asv part failed: {e}")
         asv_note += f" asv output: `{asv_log}`."
 
+    flagged_now = sorted(outcome.confirmed) if outcome is not None else []
+    history_path = store / HISTORY_FILE
+    cp = change_points(history_path, new, sha, flagged_now, cfg.changes, log)
     lost = [] if outcome is None else compare.incomplete(outcome.rows)
     if base_doc is None:  # the first night: nothing to compare, but a failed cell is no baseline
         lost = [r for r in compare.compare_docs(new, new) if r.verdict in compare.INCOMPLETE_VERDICTS]
-    harness_regressed = outcome is not None and any(r.verdict == "regression" for r in outcome.rows)
+    confirmed_regressions = {
+        (r.cell, r.metric) for r in (outcome.rows if outcome else []) if r.verdict == "regression"
+    }
+    harness_regressed = bool(confirmed_regressions)
     if lost:
         status = "incomplete"  # recorded, never a base
-    elif harness_regressed or asv_regressed:
-        status = "regression"
+    elif (
+        asv_regressed
+        or cp.alerts
+        or (harness_regressed and not cp.active)
+        or (confirmed_regressions & cp.open)
+    ):
+        status = "regression"  # a confirmed regression of an alerted, unfixed change stays red
+    elif harness_regressed:
+        status = (
+            "flagged"  # the pairwise gate alone, with enough history to ask the detector: no alert, no base
+        )
     elif asv_failed:
         status = "error"  # recorded, never a base
     else:
@@ -605,6 +686,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         status=status,
         n_cells=len(new["cells"]),
         elapsed_s=time.perf_counter() - t0,
+        changes_md=cp.markdown,
     )
     summary_rel = new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
@@ -623,13 +705,15 @@ def main_from_args(args: argparse.Namespace) -> int:
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
     write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")
+    night = {k: entry[k] for k in ("sha", "dirty", "branch", "date", "status", "base")}
+    history_store.append(history_path, new, {**night, "flagged": [list(f) for f in flagged_now]})
     print(text)
     if args.summary:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
     rc = {
-        "regression": exit_codes.REGRESSION,
+        "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
         "incomplete": exit_codes.INCOMPLETE,
         "error": exit_codes.TOOL_FAILED,
     }.get(status, exit_codes.OK)

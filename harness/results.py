@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,16 @@ def validate(doc: Any, source: str = "results") -> dict[str, Any]:
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a results file."""
+    """Read and validate a results file; ``HISTORY.jsonl:N`` is night N of a nightly history
+    (``harness.history_store``; -1 is the last night)."""
+    m = re.fullmatch(r"(.+\.jsonl):(-?\d+)", str(path))
+    if m:
+        from harness import history_store
+
+        try:
+            return history_store.night_results(m.group(1), int(m.group(2)))
+        except history_store.HistoryError as e:
+            raise ResultsError(str(e)) from None
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

@@ -76,3 +76,79 @@ def test_bad_base_and_store_are_refused_before_measuring(
     assert cli.main([*ARGV, "--store", str(tmp_path / "plain" / "store")]) == exit_codes.BAD_INPUT
     assert "--store" in capsys.readouterr().err
     assert calls == []
+
+
+# --------------------------------------------------------------------------- change points in the nightly
+
+
+def _history(store: Path, medians: list[float], flagged_from: int | None = None) -> None:
+    """Nights of one machine (synthetic.doc's env) with the given towers medians."""
+    from harness import history_store
+
+    for i, m in enumerate(medians):
+        doc = synthetic.doc([synthetic.cell("towers", "compile", "infer", m, seed=100 + i)])
+        flagged = (
+            [["towers/tiny/compile/infer", "latency_ms"]]
+            if flagged_from is not None and i >= flagged_from
+            else []
+        )
+        history_store.append(
+            store / "history.jsonl", doc, {"sha": f"{i:02d}" * 20, "status": "pass", "flagged": flagged}
+        )
+
+
+def _tonight(monkeypatch: pytest.MonkeyPatch, median: float) -> None:
+    def cell() -> dict[str, Any]:
+        return synthetic.cell("towers", "compile", "infer", median, seed=7)
+
+    def fake_suite(cfg: Any, out: Any, **kw: Any) -> dict[str, Any]:
+        d = {**synthetic.doc([cell()]), "config": cfg.as_dict()}
+        results.save_atomic(out, d)
+        return d
+
+    monkeypatch.setattr(runner, "run_suite", fake_suite)
+    monkeypatch.setattr(runner, "run_one", lambda *a: cell())
+    monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "c" * 40, "dirty": False, "branch": "main"})
+
+
+def _base(tmp_path: Path) -> str:
+    p = tmp_path / "base.json"
+    p.write_text(json.dumps(synthetic.doc([synthetic.cell("towers", "compile", "infer", 5.0, seed=99)])))
+    return str(p)
+
+
+def test_pairwise_flag_alone_with_enough_history_is_recorded_not_alerted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    _history(store, [5.0] * 12)
+    _tonight(monkeypatch, 6.5)  # +30% tonight only: one night is no change point yet
+    assert cli.main([*ARGV, "--store", str(store), "--base", _base(tmp_path)]) == exit_codes.OK
+    out = capsys.readouterr().out
+    assert "# Nightly FLAGGED" in out and "## Change points over the history" in out
+    history = nightly.load_history(store)
+    assert [r["status"] for r in history["runs"]] == ["flagged"]
+    assert nightly.last_good(history, store) is None  # never a base: the next night is judged against 5.0
+
+
+def test_short_history_keeps_the_pairwise_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    _history(store, [5.0] * 2)
+    _tonight(monkeypatch, 6.5)
+    assert cli.main([*ARGV, "--store", str(store), "--base", _base(tmp_path)]) == exit_codes.REGRESSION
+
+
+def test_step_seen_by_detector_and_pairwise_gate_alerts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    _history(store, [5.0] * 14 + [6.5], flagged_from=14)  # last night already +30% and flagged
+    _tonight(monkeypatch, 6.5)
+    assert cli.main([*ARGV, "--store", str(store), "--base", _base(tmp_path)]) == exit_codes.REGRESSION
+    out = capsys.readouterr().out
+    assert "**ALERT tonight (agree)**" in out
+    assert "1313131313..1414141414" in out  # the commit range where it starts
+    from harness import history_store
+
+    nights = history_store.read(store / "history.jsonl")
+    assert len(nights) == 16 and nights[-1].night["status"] == "regression"
