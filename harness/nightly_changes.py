@@ -27,7 +27,7 @@ class ChangeConfig:
     """The ``alert`` section of the nightly config."""
 
     detector: str = "otava"
-    max_pvalue: float = 0.001
+    max_pvalue: float = 0.0005
     window: int = 50
     policy: AlertPolicy = field(default_factory=AlertPolicy)
     min_history: int = 6  # nights of this machine before change points gate (the pairwise gate alone before)
@@ -49,7 +49,7 @@ def config_from(section: dict[str, Any], where: str) -> ChangeConfig:
     detector = section.get("detector", "otava")
     if detector not in DETECTORS:
         raise ValueError(f"{where}.detector: unknown {detector!r}; allowed values: {', '.join(DETECTORS)}")
-    p = section.get("max_pvalue", 0.001)
+    p = section.get("max_pvalue", ChangeConfig.max_pvalue)
     if isinstance(p, bool) or not isinstance(p, int | float) or not (math.isfinite(p) and 0 < p < 1):
         raise ValueError(f"{where}.max_pvalue: must be in (0, 1), got {p!r}")
     ints = {}

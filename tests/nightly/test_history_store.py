@@ -126,3 +126,21 @@ def test_damage_before_the_end_is_an_error_not_a_warning(tmp_path: Path) -> None
     path.write_text("{not json\n" + path.read_text())
     with pytest.raises(history_store.HistoryError, match=r"history\.jsonl:1: not a JSON line"):
         history_store.read(path)
+
+
+def test_asv_reads_the_night_of_its_commit_from_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import common
+
+    path = tmp_path / "history.jsonl"
+    for sha, median in (("a" * 40, 5.0), ("b" * 40, 7.0), ("c" * 40, 9.0)):
+        doc = _doc(median)
+        doc["env"]["git"] = {"sha": sha, "dirty": False}
+        history_store.append(path, doc, _night(sha))
+    with path.open("ab") as f:
+        f.write(b'{"schema": 1, "kind": "optimus-bench-ni')  # a torn last line
+    monkeypatch.setenv("OPTIMUS_ASV_CELLS", str(path))
+    monkeypatch.setenv("ASV_COMMIT", "b" * 40)
+    cells = common.given_cells(["towers"], ["tiny"], ["compile"], ["infer"])
+    assert cells is not None and cells[0]["latency_ms"]["median"] == pytest.approx(7.0, rel=0.1)
