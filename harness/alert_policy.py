@@ -13,8 +13,10 @@ slow creep. So a regression change point alerts
   place) on ``persist_nights`` consecutive nights: a change point that noise put there tends
   to move or vanish as nights are added, a real one stays.
 
-A change smaller than ``min_change`` is reported, never alerted. A change point within
-``dedupe`` nights of one already alerted is the same change, so each change alerts once.
+A change smaller than ``min_change`` is reported, never alerted. Each change alerts once: a
+change point is the one already alerted when it lies within ``dedupe`` nights of it, or when
+no other change point lies between the two (the detector's place for a change moves as
+nights are added, sometimes by more than a few nights).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Tracker:
         self.streaks = streaks
         out: list[tuple[Change, str]] = []
         for c in candidates:
-            if any(abs(c.index - a) <= p.dedupe for a in self.alerted):
+            if any(self._same(c, a, changes) for a in self.alerted):
                 continue
             first = flagged[c.index : c.index + p.agree_nights]
             if len(first) == p.agree_nights and all(first):
@@ -75,3 +77,14 @@ class Tracker:
                 continue
             self.alerted.append(c.index)
         return out
+
+    def _same(self, c: Change, alerted: int, changes: Sequence[Change]) -> bool:
+        return same_change(c, alerted, changes, self.policy.dedupe)
+
+
+def same_change(c: Change, alerted: int, changes: Sequence[Change], dedupe: int) -> bool:
+    """Is ``c`` (one of tonight's ``changes``) the change alerted at index ``alerted``?"""
+    if abs(c.index - alerted) <= dedupe:
+        return True
+    lo, hi = sorted((c.index, alerted))
+    return not any(lo < o.index < hi or (o.index == alerted and o is not c) for o in changes)

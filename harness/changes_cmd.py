@@ -51,7 +51,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     head = [f"# Change points: {args.history}", "",
             f"{len(same)} night(s) of machine {history_store.describe_machine(machine)}; detector "
             f"{cfg.detector} (p < {cfg.max_pvalue}, window {cfg.window}); {cfg.policy}.", *left_out, ""]  # fmt: skip
-    text = "\n".join(head) + "\n" + format_changes(found)
+    text = "\n".join(head) + "\n" + format_changes(found, cfg.policy.dedupe)
     print(text)
     if out_dir is not None:
         png = plot_changes(found, out_dir / f"{stem}.png", title=f"{args.history}: change points")

@@ -43,7 +43,14 @@ from typing import Any
 
 from harness import compare, exit_codes, history_store, results
 from harness.env import REPO_ROOT, git_info
-from harness.nightly_changes import ChangeConfig, analyse, build_series, config_from, format_changes
+from harness.nightly_changes import (
+    ChangeConfig,
+    alerts_of,
+    analyse,
+    build_series,
+    config_from,
+    format_changes,
+)
 from harness.outputs import check_output_dir, check_output_file
 from harness.results import write_atomic
 from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig, resolve_device
@@ -466,9 +473,7 @@ def change_points(
     still_open = {
         (r.series.cell, r.series.metric)
         for r in found
-        if r.changes
-        and r.changes[-1].regression
-        and any(abs(c.index - r.changes[-1].index) <= cfg.policy.dedupe for _, c, _ in r.alerts)
+        if r.changes and r.changes[-1].regression and alerts_of(r, r.changes[-1], cfg.policy.dedupe)
     }
     for r in found:
         for c, why in r.alerted_tonight():
@@ -477,7 +482,8 @@ def change_points(
                 alerts.append(f"{r.series.cell} {r.series.metric} {rng} {c.change * 100:+.1f}% ({why})")
     for a in alerts:
         log(f"change-point alert: {a}")
-    return ChangePoints(True, alerts, "\n".join(notes) + "\n\n" + format_changes(found), still_open)
+    markdown = "\n".join(notes) + "\n\n" + format_changes(found, cfg.policy.dedupe)
+    return ChangePoints(True, alerts, markdown, still_open)
 
 
 def summary_markdown(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.alert_policy import AlertPolicy, Tracker
+from harness.alert_policy import AlertPolicy, Tracker, same_change
 from harness.changepoints import DETECTORS, Change, Detector, detect
 from harness.history_store import Night
 from harness.spec import CellKey
@@ -128,14 +128,18 @@ def commit_range(series: Series, index: int) -> str:
     return f"{series.shas[index - 1][:10]}..{series.shas[index][:10]}"
 
 
-def format_changes(found: Sequence[SeriesResult]) -> str:
+def alerts_of(r: SeriesResult, c: Change, dedupe: int) -> list[tuple[int, str]]:
+    """(night, reason) of the alerts raised for tonight's change ``c`` (``same_change``)."""
+    return [(t, why) for t, a, why in r.alerts if same_change(c, a.index, r.changes, dedupe)]
+
+
+def format_changes(found: Sequence[SeriesResult], dedupe: int = AlertPolicy.dedupe) -> str:
     """Markdown table of every change point, tonight's alerts first."""
     rows = []
     for r in found:
-        alerted = {c.index: (t, why) for t, c, why in r.alerts}
         last = len(r.series.values) - 1
         for c in r.changes:
-            near = [v for i, v in alerted.items() if abs(i - c.index) <= 2]
+            near = alerts_of(r, c, dedupe)
             if near and near[0][0] == last:
                 alert = f"**ALERT tonight ({near[0][1]})**"
             elif near:

@@ -57,9 +57,9 @@ def plot_changes(
                 fontsize=8,
                 color=color,
             )
-        for t, _, why in r.alerts:
+        for t, c, why in r.alerts:
             ax.plot([t + 1], [s.values[t] * k], marker="v", ms=10, color="#d62728", ls="none",
-                    label=f"alert ({why}) on night {t + 1}")  # fmt: skip
+                    label=f"alert ({why}) on night {t + 1}: change from night {c.index + 1}")  # fmt: skip
         ax.set_title(f"{s.cell}  {s.metric}", fontsize=9)
         ax.set_xlabel("night")
         ax.set_ylabel(UNITS[s.metric])

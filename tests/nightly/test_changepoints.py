@@ -65,6 +65,9 @@ def test_tracker_agree_persist_min_change_and_once_per_change() -> None:
         (10, "agree")
     ]
     assert t.night([_change(11)], [False] * 10 + [True, True, True]) == []  # the same change: once
+    assert t.night([_change(16)], [False] * 10 + [True] * 8) == []  # moved by 6, nothing between: same
+    flags = [False] * 10 + [True] * 2 + [False] * 8 + [True] * 2
+    assert [(c.index, why) for c, why in t.night([_change(10), _change(20)], flags)] == [(20, "agree")]
     # persist: seen on three consecutive nights (its place may move by up to `dedupe`)
     t = Tracker(policy)
     flags = [False] * 20
