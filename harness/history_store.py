@@ -81,8 +81,13 @@ def describe_machine(m: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path, exclusive: bool) -> Iterator[None]:
+    """flock on ``<file>.lock``. A reader does not create it (a committed history stays clean);
+    without it no writer has run, and a line a writer is adding meanwhile reads as torn."""
     lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    if not exclusive and not lock.exists():
+        yield
+        return
+    fd = os.open(lock, (os.O_RDWR | os.O_CREAT) if exclusive else os.O_RDONLY, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
