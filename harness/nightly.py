@@ -585,6 +585,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     if args.summary:
         check_output_file(args.summary, "--summary")
     history = load_history(store)
+    history_store.read(store / HISTORY_FILE)  # another schema or a damaged line: refused before measuring
     given_base = results.load(args.base) if args.base else None
     git = git_info()
     sha = git["sha"] or "unknown"

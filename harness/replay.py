@@ -337,6 +337,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or DEFAULT_CONFIG).changes
     if args.detector is not None and args.detector not in DETECTORS:
         raise ValueError(f"--detector: unknown {args.detector!r}; allowed values: {', '.join(DETECTORS)}")
+    if args.max_pvalue is not None and not (math.isfinite(args.max_pvalue) and 0 < args.max_pvalue < 1):
+        raise ValueError(f"--max-pvalue: must be in (0, 1), got {args.max_pvalue}")
     if args.detector is not None or args.max_pvalue is not None:
         p = (
             args.max_pvalue

@@ -75,6 +75,10 @@ def test_bad_base_and_store_are_refused_before_measuring(
     (tmp_path / "plain").write_text("x")
     assert cli.main([*ARGV, "--store", str(tmp_path / "plain" / "store")]) == exit_codes.BAD_INPUT
     assert "--store" in capsys.readouterr().err
+    (tmp_path / "s2").mkdir()
+    (tmp_path / "s2" / "history.jsonl").write_text('{"schema": 9, "kind": "optimus-bench-night"}\n')
+    assert cli.main([*ARGV, "--store", str(tmp_path / "s2")]) == exit_codes.BAD_INPUT
+    assert "history.jsonl:1: history schema 9 is not supported" in capsys.readouterr().err
     assert calls == []
 
 
