@@ -78,7 +78,9 @@ def true_levels(kind: str, nights: int, rng: np.random.Generator) -> tuple[np.nd
     levels = np.ones(nights)
     if kind == "none":
         return levels, None
-    start = int(rng.integers(nights // 2, nights - 20 + 1))
+    start = int(
+        rng.integers(nights // 2, max(nights // 2, nights - 20) + 1)
+    )  # >= 20 nights after, when there are
     if kind in ("step5", "step10"):
         levels[start:] = 1.05 if kind == "step5" else 1.10
     elif kind == "creep2":
