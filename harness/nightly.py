@@ -45,6 +45,7 @@ from harness import compare, exit_codes, history_store, results
 from harness.env import REPO_ROOT, git_info
 from harness.nightly_changes import (
     ChangeConfig,
+    SeriesResult,
     alerts_of,
     analyse,
     build_series,
@@ -438,6 +439,7 @@ class ChangePoints:
     open: set[tuple[str, str]] = field(
         default_factory=set
     )  # (cell, metric) whose latest change is an alerted regression
+    found: list[SeriesResult] = field(default_factory=list)  # every series analysed (for the dashboard marks)
 
 
 def change_points(
@@ -483,7 +485,7 @@ def change_points(
     for a in alerts:
         log(f"change-point alert: {a}")
     markdown = "\n".join(notes) + "\n\n" + format_changes(found, cfg.policy.dedupe)
-    return ChangePoints(True, alerts, markdown, still_open)
+    return ChangePoints(True, alerts, markdown, still_open, found)
 
 
 def summary_markdown(
@@ -731,10 +733,23 @@ def main_from_args(args: argparse.Namespace) -> int:
             )
             Asv(pub_conf, log, args.asv_machine, store / asv_log)("publish")
             log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
+            mark_changes(pub_conf, cp, cfg.changes, log)
         except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
             log(f"asv publish failed: {e}")
             rc = rc or exit_codes.TOOL_FAILED
     return rc
+
+
+def mark_changes(pub_conf: Path, cp: ChangePoints, cfg: ChangeConfig, log: Callable[[str], None]) -> None:
+    """Mark tonight's change points on the dashboard just published (``harness.asv_marks``)."""
+    from harness.asv_marks import mark_dashboard, marks_of
+
+    html = Path(read_asv_conf(pub_conf).get("html_dir", "html"))
+    html = html if html.is_absolute() else pub_conf.parent / html
+    marked = mark_dashboard(html, marks_of(cp.found, dedupe=cfg.policy.dedupe))
+    log(f"{len(marked.placed)} change point(s) marked on the dashboard")
+    for why in marked.skipped:
+        log(f"  not marked: {why}")
 
 
 def _asv_part(
