@@ -6,7 +6,8 @@
   asv's graphdisplay.js. For the benchmark shown on the main graph, each change point of
   window.OPTIMUS_CHANGES becomes a vertical line at its first commit, a band back to the last
   commit at the old level, and a label (commit, cell, size) as a div.optimus-change, which a
-  headless browser's DOM dump can count. Only the main graph and the commit (x) axis are marked.
+  headless browser's DOM dump can count. Only the main graph and the commit (x) axis are marked,
+  and only changes whose series is selected (asv's p-<param> URL parameters).
 */
 (function ($) {
     var data = window.OPTIMUS_CHANGES || {};
@@ -37,6 +38,14 @@
         }
         var out = [];
         $.each(data[info.location.join('/')] || [], function (i, c) {
+            var hidden = false;  // its series deselected (asv keeps the selection in p-<param>)
+            $.each(c.params || {}, function (name, value) {
+                var shown = info.params['p-' + name];
+                hidden = hidden || (shown !== undefined && $.inArray(value, shown) === -1);
+            });
+            if (hidden) {
+                return;
+            }
             var x = x_of(c.commit), x0 = x_of(c.before);
             if (x !== null) {
                 out.push({change: c, x: x, x0: x0});

@@ -49,8 +49,10 @@ def marks_of(found: Sequence[SeriesResult], commit_of: Mapping[str, str] | None 
         s = r.series
         for c in r.changes:
             alerts = alerts_of(r, c, dedupe)
+            model, scale, mode, phase = s.cell.split("/")
             out.append({
                 "benchmark": BENCHMARK_OF[s.metric],
+                "params": {"family": repr(model), "scale": repr(scale), "phase": repr(phase), "mode": repr(mode)},
                 "cell": s.cell,
                 "metric": s.metric,
                 "commit": (commit_of or {}).get(s.shas[c.index], s.shas[c.index]),
@@ -60,6 +62,14 @@ def marks_of(found: Sequence[SeriesResult], commit_of: Mapping[str, str] | None 
                 "alert": f"alerted on night {alerts[0][0] + 1} ({alerts[0][1]})" if alerts else "",
             })  # fmt: skip
     return out
+
+
+def _params_not_graphed(bench: dict[str, Any], params: dict[str, str]) -> str:
+    """The first of the mark's parameter values the benchmark does not graph ('' if none)."""
+    for name, values in zip(bench.get("param_names", []), bench.get("params", []), strict=False):
+        if name in params and params[name] not in values:
+            return f"{name}={params[name]}"
+    return ""
 
 
 def mark_dashboard(html_dir: str | Path, marks: Sequence[dict[str, Any]]) -> Marked:
@@ -82,6 +92,8 @@ def mark_dashboard(html_dir: str | Path, marks: Sequence[dict[str, Any]]) -> Mar
             skipped.append(f"{where}: benchmark {m['benchmark']} not on the dashboard")
         elif not any(h.startswith(m["commit"]) for h in hashes):
             skipped.append(f"{where}: commit not on the dashboard (asv has no results for it)")
+        elif missing := _params_not_graphed(benchmarks[m["benchmark"]], m["params"]):
+            skipped.append(f"{where}: {m['benchmark']} has no {missing} (not graphed)")
         else:
             by_bench.setdefault(m["benchmark"], []).append(m)
             placed.append(m)

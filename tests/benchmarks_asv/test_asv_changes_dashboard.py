@@ -23,9 +23,9 @@ HISTORY = ROOT / "results" / "nightly-changes-demo" / "history.jsonl"
 TAG_START = '<script language="javascript" type="text/javascript" src="optimus_changes.js">'
 
 
-def _shot(html: Path, assets: Path, out: Path, expect: int) -> tuple[int, dict[str, Any]]:
+def _shot(html: Path, assets: Path, out: Path, expect: int, query: str = "") -> tuple[int, dict[str, Any]]:
     cmd = [sys.executable, str(ROOT / "scripts" / "asv_screenshot.py"), "--html-dir", str(html), "--out", str(out),
-           "--page", "#bench_compiled.CompiledCells.track_latency_ms", "--assets-dir", str(assets),
+           "--page", "#bench_compiled.CompiledCells.track_latency_ms" + query, "--assets-dir", str(assets),
            "--expect-marks", str(expect)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return proc.returncode, json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -53,6 +53,12 @@ def test_the_dashboard_shows_the_change_point_with_its_commit(tmp_path: Path) ->
     assert report["change_marks"] == 1 and report["plot_canvases"] >= 1
     (label,) = report["change_mark_labels"]
     assert f"change point {placed[0]['commit'][:10]}: towers/tiny/compile/infer +" in label  # with its commit
+
+    # the change is towers'; with only dlrm's series selected (asv's URL state) it is not drawn
+    rc, report = _shot(html, assets, tmp_path / "dlrm.png", expect=0, query="?p-family=%27dlrm%27")
+    assert rc == 0 and report["change_marks"] == 0 and report["plot_canvases"] >= 1, report
+    rc, report = _shot(html, assets, tmp_path / "towers.png", expect=1, query="?p-family=%27towers%27")
+    assert rc == 0 and report["change_marks"] == 1, report
 
     # the same site without the marks script: the check sees no mark and fails
     index = html / "index.html"

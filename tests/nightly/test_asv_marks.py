@@ -70,6 +70,15 @@ def test_marks_the_dashboard_cannot_show_are_skipped_with_why(tmp_path: Path) ->
     marked = mark_dashboard(other, marks_of([_stepped(shas)]))
     assert marked.placed == [] and f"benchmark {BENCH} not on the dashboard" in marked.skipped[0]
     assert _written(other) == {}
+    graphed = _site(tmp_path / "c", shas)
+    index = json.loads((graphed / "index.json").read_text())
+    index["benchmarks"][BENCH] = {
+        "param_names": ["family", "mode"],
+        "params": [["'dlrm'", "'towers'"], ["'eager'"]],
+    }
+    (graphed / "index.json").write_text(json.dumps(index))
+    marked = mark_dashboard(graphed, marks_of([_stepped(shas)]))  # the cell's mode is not graphed
+    assert marked.placed == [] and f"{BENCH} has no mode='compile' (not graphed)" in marked.skipped[0]
     with pytest.raises(ValueError, match="not a published asv dashboard"):
         mark_dashboard(tmp_path / "nothing", [])
 
