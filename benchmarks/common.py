@@ -68,19 +68,38 @@ def widths() -> list[int]:
     return out
 
 
+def _cells_doc(path: str, commit: str | None) -> dict[str, Any]:
+    """A results file, or from a nightly history (``.jsonl``, ``harness.history_store``) the newest
+    night measured at ``commit`` (else the newest night). A torn last line is skipped, as the
+    store's own reader does; the harness is not imported here (asv runs the commit's own)."""
+    text = Path(path).read_text()
+    if not path.endswith(".jsonl"):
+        return dict(json.loads(text))
+    docs = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("results"), dict):
+            docs.append(rec["results"])
+    at_commit = [d for d in docs if ((d.get("env") or {}).get("git") or {}).get("sha") == commit]
+    return (at_commit or docs or [{}])[-1]
+
+
 def given_cells(models: Sequence[str], scales_: Sequence[str], modes: Sequence[str],
                 phases_: Sequence[str]) -> list[dict[str, Any]] | None:  # fmt: skip
     """Cells measured by ``optimus-bench nightly`` for this very commit, if it passed them on.
 
     The nightly sets ``OPTIMUS_ASV_CELLS`` to its results file so compiled cells are measured
-    once per night. The file is used only if it was written at the commit asv is measuring
+    once per night; it may also name the nightly history (``results/nightly/history.jsonl``). The file is used only if it was written at the commit asv is measuring
     (``ASV_COMMIT``) from a clean tree and holds every cell of the grid; otherwise None and
     the harness runs here.
     """
     path = os.environ.get("OPTIMUS_ASV_CELLS", "")
     if not path:
         return None
-    doc = json.loads(Path(path).read_text())
+    doc = _cells_doc(path, os.environ.get("ASV_COMMIT"))
     git = (doc.get("env") or {}).get("git") or {}
     commit = os.environ.get("ASV_COMMIT")
     if not commit or git.get("sha") != commit or git.get("dirty"):

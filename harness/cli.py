@@ -9,13 +9,24 @@ figure printed by one is the figure measured by the others.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
-from harness.results import ResultsError
-from harness.spec import DEFAULT_PROVIDER, MODES, PHASES, RunConfig, provider_families, provider_scales
+from harness import exit_codes
+from harness.outputs import check_output_dir, check_output_file, check_stem
+from harness.results import NonFiniteError, ResultsError
+from harness.spec import (
+    DEFAULT_PROVIDER,
+    MODES,
+    PHASES,
+    RunConfig,
+    provider_families,
+    provider_scales,
+    resolve_device,
+)
 
 RESULTS_DIR = Path("results")
 
@@ -27,12 +38,15 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``float`` alone accepts 'nan' and 'inf')."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return v
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: str, budget_s: float,
@@ -52,15 +66,15 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     p.add_argument(
         "--max-iters", type=int, default=max_iters, help=f"most timed steps (default: {max_iters})"
     )
-    p.add_argument("--budget-s", type=float, default=budget_s,
+    p.add_argument("--budget-s", type=finite_float, default=budget_s,
                    help=f"stop timing after this many seconds once min-iters are done (default: {budget_s})")  # fmt: skip
     p.add_argument(
-        "--timeout-s", type=float, default=timeout_s, help=f"per-cell timeout (default: {timeout_s:g})"
+        "--timeout-s", type=finite_float, default=timeout_s, help=f"per-cell timeout (default: {timeout_s:g})"
     )
     p.add_argument("--threads", type=int, default=1,
                    help="torch/OpenMP threads per cell; 0 = torch's default (default: 1, steadiest on a shared CPU)")  # fmt: skip
-    p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs eager (absolute)")
-    p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs eager (relative)")
+    p.add_argument("--atol", type=finite_float, default=1e-4, help="parity tolerance vs eager (absolute)")
+    p.add_argument("--rtol", type=finite_float, default=1e-3, help="parity tolerance vs eager (relative)")
     p.add_argument("--out", default=out, help=f"results file (default: {out})")
     p.add_argument("--resume", action="store_true", help="keep cells already in --out and run only the rest")
     p.add_argument(
@@ -95,26 +109,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p, models=None, scale="tiny", budget_s=2.0, max_iters=200, warmup=3, min_iters=5,
                      timeout_s=900.0, out="results/run.json")  # fmt: skip
 
-    p = sub.add_parser("compare", help="compare two results files; exit 1 on a significant regression")
+    p = sub.add_parser(
+        "compare",
+        help="compare two results files; exit 1 on a significant regression, 3 on missing/failed/non-finite cells",
+    )
     p.add_argument("base")
     p.add_argument("new")
     p.add_argument(
-        "--alpha", type=float, default=0.01, help="significance level of Mann-Whitney U (default 0.01)"
+        "--alpha", type=finite_float, default=0.01, help="significance level of Mann-Whitney U (default 0.01)"
     )
     p.add_argument(
-        "--latency-threshold", type=float, default=0.05, help="min relative latency change (default 0.05)"
+        "--latency-threshold",
+        type=finite_float,
+        default=0.05,
+        help="min relative latency change (default 0.05)",
     )
     p.add_argument(
-        "--memory-threshold", type=float, default=0.03, help="min relative peak-memory change (default 0.03)"
+        "--memory-threshold",
+        type=finite_float,
+        default=0.03,
+        help="min relative peak-memory change (default 0.03)",
     )
     p.add_argument(
         "--compile-threshold",
-        type=float,
+        type=finite_float,
         default=0.20,
         help="min relative compile-time change (default 0.20)",
     )
     p.add_argument(
-        "--compile-abs-s", type=float, default=1.0, help="min absolute compile-time change, s (default 1.0)"
+        "--compile-abs-s",
+        type=finite_float,
+        default=1.0,
+        help="min absolute compile-time change, s (default 1.0)",
     )
     p.add_argument("--out", help="also write the markdown table here")
 
@@ -147,8 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default (default: 1)")
-    p.add_argument("--atol", type=float, default=1e-4, help="parity tolerance vs the base mode (absolute)")
-    p.add_argument("--rtol", type=float, default=1e-3, help="parity tolerance vs the base mode (relative)")
+    p.add_argument(
+        "--atol", type=finite_float, default=1e-4, help="parity tolerance vs the base mode (absolute)"
+    )
+    p.add_argument(
+        "--rtol", type=finite_float, default=1e-3, help="parity tolerance vs the base mode (relative)"
+    )
     p.add_argument("--out", help="also write the result as JSON here (atomically)")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
@@ -158,11 +188,27 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.nightly import add_arguments as add_nightly_arguments
 
     add_nightly_arguments(p)
+
+    p = sub.add_parser(
+        "replay",
+        help="detection quality of the nightly gates on synthetic histories (false alerts, recall, nights to catch)",
+    )
+    from harness.replay import add_arguments as add_replay_arguments
+
+    add_replay_arguments(p)
+
+    p = sub.add_parser("changes", help="change points of a nightly history (table and plot)")
+    from harness.changes_cmd import add_arguments as add_changes_arguments
+
+    add_changes_arguments(p)
     return parser
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
-    models = args.models or ",".join(provider_families(args.provider))
+    # None (not given) means every family; '' (given empty) is an error, not "all".
+    models = ",".join(provider_families(args.provider)) if args.models is None else args.models
+    if args.models is not None and not args.models.strip(","):
+        raise ValueError("models: empty (--models ''); name at least one family, or omit --models for all")
     if not models:
         raise ValueError(f"models: none given and provider {args.provider!r} lists no FAMILIES")
     return RunConfig(
@@ -170,7 +216,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         scale=args.scale,
         modes=args.modes.split(","),
         phases=args.phases.split(","),
-        device=_resolve_device(args.device),
+        device=resolve_device(args.device),
         seed=args.seed,
         warmup=args.warmup,
         min_iters=args.min_iters,
@@ -225,11 +271,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.runner import run_suite
 
     cfg = _config(args)
+    check_output_file(args.out)  # before measuring: a bad path must not cost the whole run
     doc = run_suite(
         cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
     )
     _print_summary(doc, args.out)
-    return 0
+    return exit_codes.OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -242,22 +289,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
         compile=args.compile_threshold,
         compile_abs=args.compile_abs_s,
     )
+    if args.out:
+        check_output_file(args.out)
     rows = compare.compare_docs(results.load(args.base), results.load(args.new), th)
     text = compare.format_rows(rows)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 1 if compare.has_regression(rows) else 0
+        results.write_atomic(args.out, text + "\n")
+    rc = compare.exit_code(rows)
+    if rc == exit_codes.INCOMPLETE:
+        lost = compare.incomplete(rows)
+        print(f"optimus-bench compare: incomplete: {len(lost)} cell(s) of {args.base} are missing, "
+              f"failed or non-finite in {args.new} (first: {lost[0].cell}, {lost[0].verdict})", file=sys.stderr)  # fmt: skip
+    return rc
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness import results
     from harness.report import write_report
 
+    stem = check_stem(args.stem) if args.stem is not None else Path(args.results).stem
     doc = results.load(args.results)
-    for p in write_report(doc, args.out_dir, args.stem or Path(args.results).stem):
+    if not doc["cells"]:
+        raise ValueError(f"{args.results}: no cells to report")
+    out_dir = check_output_dir(args.out_dir)
+    check_output_file(out_dir / f"{stem}.md", "--out-dir/--stem")
+    for p in write_report(doc, out_dir, stem):
         print(f"wrote {p}")
-    return 0
+    return exit_codes.OK
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -266,6 +325,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from harness.runner import run_suite
 
     cfg = _config(args)
+    check_output_file(args.out)
+    out_dir = check_output_dir(args.out_dir)
+    check_output_file(out_dir / f"{Path(args.out).stem}.md", "--out-dir")
     t0 = time.perf_counter()
     n = len(cfg.cells())
     print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
@@ -281,7 +343,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     for p in paths:
         print(f"wrote {p}")
     print(f"reproduce took {time.perf_counter() - t0:.0f} s")
-    return 0
+    return exit_codes.OK
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
@@ -290,9 +352,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from harness import interleaved, results
 
     names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if args.out:
+        check_output_file(args.out)  # before measuring: the measurement takes minutes
     doc = interleaved.run_ab(
         args.model, args.scale, args.phase, names,
-        rounds=args.rounds, steps=args.steps, warmup=args.warmup, device=_resolve_device(args.device),
+        rounds=args.rounds, steps=args.steps, warmup=args.warmup, device=resolve_device(args.device),
         seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
         log=lambda msg: print(msg, file=sys.stderr, flush=True),
     )  # fmt: skip
@@ -301,11 +365,23 @@ def cmd_ab(args: argparse.Namespace) -> int:
         results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")
     mismatched = [m for m, r in doc["modes"].items() if not r.get("parity_vs_base", {"ok": True})["ok"]]
-    return 1 if mismatched else 0
+    return exit_codes.MISMATCH if mismatched else exit_codes.OK
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
     from harness.nightly import main_from_args
+
+    return main_from_args(args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.replay import main_from_args
+
+    return main_from_args(args)
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from harness.changes_cmd import main_from_args
 
     return main_from_args(args)
 
@@ -319,6 +395,8 @@ COMMANDS = {
     "reproduce": cmd_reproduce,
     "ab": cmd_ab,
     "nightly": cmd_nightly,
+    "replay": cmd_replay,
+    "changes": cmd_changes,
 }
 
 
@@ -327,18 +405,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 0
+        return exit_codes.OK
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, ResultsError) as e:
+    except NonFiniteError as e:  # garbage recorded as a figure: lost data, not a typo
+        print(f"optimus-bench {args.command}: incomplete: {e}", file=sys.stderr)
+        return exit_codes.INCOMPLETE
+    except (ValueError, ResultsError) as e:  # OutputPathError is a ValueError
         print(f"optimus-bench {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     except KeyboardInterrupt:
         print(
             f"optimus-bench {args.command}: interrupted; finished cells are saved (use --resume)",
             file=sys.stderr,
         )
-        return 130
+        return exit_codes.INTERRUPTED
 
 
 if __name__ == "__main__":

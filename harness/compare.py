@@ -4,17 +4,26 @@ Why both a test and a threshold: with hundreds of samples a 1% change is "signif
 but irrelevant, and with few noisy samples a 15% jump can be chance. A latency change is
 a regression only if Mann-Whitney U rejects "same distribution" (p < alpha) AND the median
 moved by more than the minimum effect. Peak memory and compile time are single numbers
-per cell, so they are judged by thresholds (relative and absolute) alone. A cell that was
-ok and is now failed/timeout/mismatch is always a regression.
+per cell, so they are judged by thresholds (relative and absolute) alone.
+
+Why lost data is its own verdict: a gate that only looks for regressions goes green when the
+new run simply lacks the slow cell. A base cell missing from the new run (``missing``), a new
+cell that is not ``ok`` (``failed``: failed, timeout or mismatch) and a figure that is not a
+finite number (``non-finite``) make the comparison ``incomplete``: exit code INCOMPLETE
+(``harness.exit_codes``), which wins over REGRESSION.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness import exit_codes
 from harness.results import cell_map
 from harness.stats import bootstrap_median_ratio, mann_whitney_u
+
+INCOMPLETE_VERDICTS = ("missing", "failed", "non-finite")
 
 
 @dataclass(frozen=True)
@@ -28,8 +37,8 @@ class Thresholds:
 
     def validate(self) -> Thresholds:
         for name, v in asdict(self).items():
-            if v < 0:
-                raise ValueError(f"{name}: threshold must be >= 0, got {v}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: threshold must be a finite number >= 0, got {v!r}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha: must be in (0, 1), got {self.alpha}")
         return self
@@ -42,7 +51,7 @@ class Row:
     base: Any
     new: Any
     change: float | None  # relative change new/base - 1
-    verdict: str  # regression | improvement | no change | missing | not comparable
+    verdict: str  # regression | improvement | no change | not comparable | missing | failed | non-finite
     p_value: float | None = None
     ci: tuple[float, float] | None = None  # bootstrap CI of the median ratio
 
@@ -58,16 +67,22 @@ def compare_latency(
     base: list[float], new: list[float], th: Thresholds
 ) -> tuple[str, float, float, tuple[float, float]]:
     """Verdict, relative median change, p-value and CI for two latency sample sets."""
+    verdict, change, p = latency_verdict(base, new, th)
+    return verdict, change, p, bootstrap_median_ratio(base, new)
+
+
+def latency_verdict(base: list[float], new: list[float], th: Thresholds) -> tuple[str, float, float]:
+    """The latency rule alone (no interval): verdict, relative median change, p-value. The
+    replay benchmark (``harness.replay``) judges thousands of nights with it."""
     import numpy as np
 
     mb, mn = float(np.median(base)), float(np.median(new))
     change = mn / mb - 1.0 if mb > 0 else 0.0
     _, p = mann_whitney_u(base, new)
-    ci = bootstrap_median_ratio(base, new)
     verdict = "no change"
     if p < th.alpha and abs(change) > th.latency:
         verdict = "regression" if change > 0 else "improvement"
-    return verdict, change, p, ci
+    return verdict, change, p
 
 
 def _scalar(base: float, new: float, rel: float, abs_min: float) -> tuple[str, float | None]:
@@ -89,14 +104,15 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
         if n is None:
             rows.append(Row(label, "status", b["status"], None, None, "missing"))
             continue
-        if b["status"] != n["status"]:
-            verdict = (
-                "regression"
-                if b["status"] == "ok"
-                else ("improvement" if n["status"] == "ok" else "no change")
-            )
-            rows.append(Row(label, "status", b["status"], n["status"], None, verdict))
-        if b["status"] != "ok" or n["status"] != "ok":
+        if n["status"] != "ok":  # lost data, whatever the base was: the gate cannot pass on it
+            rows.append(Row(label, "status", b["status"], n["status"], None, "failed"))
+            continue
+        if b["status"] != "ok":
+            rows.append(Row(label, "status", b["status"], n["status"], None, "improvement"))
+            continue
+        garbled = _non_finite_figure(b, n)
+        if garbled:
+            rows.append(Row(label, garbled, None, None, None, "non-finite"))
             continue
         verdict, change, p, ci = compare_latency(b["latency_ms"]["samples"], n["latency_ms"]["samples"], th)
         rows.append(
@@ -134,8 +150,35 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
     return rows
 
 
+def _non_finite_figure(*cells: dict[str, Any]) -> str | None:
+    """The first judged figure that is NaN/inf in any of ``cells`` (documents built in memory
+    skip ``results.validate``, so the gate checks again what it is about to judge)."""
+    for c in cells:
+        figures = {
+            "latency_ms": [c["latency_ms"]["median"], *c["latency_ms"]["samples"]],
+            "peak_mem_bytes": [c.get("peak_mem_bytes")],
+            "compile_s": [c.get("compile_s")],
+        }
+        for metric, values in figures.items():
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                return metric
+    return None
+
+
 def has_regression(rows: list[Row]) -> bool:
     return any(r.verdict == "regression" for r in rows)
+
+
+def incomplete(rows: list[Row]) -> list[Row]:
+    """Rows that say the new run lost or garbled data (see the module docstring)."""
+    return [r for r in rows if r.verdict in INCOMPLETE_VERDICTS]
+
+
+def exit_code(rows: list[Row]) -> int:
+    """The gate: INCOMPLETE over REGRESSION over OK (``harness.exit_codes``)."""
+    if incomplete(rows):
+        return exit_codes.INCOMPLETE
+    return exit_codes.REGRESSION if has_regression(rows) else exit_codes.OK
 
 
 def _fmt(metric: str, v: Any) -> str:
@@ -152,7 +195,8 @@ def _fmt(metric: str, v: Any) -> str:
 
 def format_rows(rows: list[Row]) -> str:
     """Markdown table of the comparison, regressions first."""
-    order = {"regression": 0, "missing": 1, "not comparable": 2, "improvement": 3, "no change": 4}
+    order = {"missing": 0, "failed": 0, "non-finite": 0, "regression": 1, "not comparable": 2,
+             "improvement": 3, "no change": 4}  # fmt: skip
     lines = [
         "| cell | metric | base | new | change | p (MWU) | 95% CI new/base | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -161,12 +205,15 @@ def format_rows(rows: list[Row]) -> str:
         change = f"{r.change * 100:+.1f}%" if r.change is not None else "-"
         p = f"{r.p_value:.2g}" if r.p_value is not None else "-"
         ci = f"{r.ci[0]:.3f}-{r.ci[1]:.3f}" if r.ci is not None else "-"
-        verdict = f"**{r.verdict}**" if r.verdict == "regression" else r.verdict
+        loud = r.verdict == "regression" or r.verdict in INCOMPLETE_VERDICTS
+        verdict = f"**{r.verdict}**" if loud else r.verdict
         lines.append(
             f"| {r.cell} | {r.metric} | {_fmt(r.metric, r.base)} | {_fmt(r.metric, r.new)} | {change} | {p} | {ci} | {verdict} |"
         )
     n_reg = sum(r.verdict == "regression" for r in rows)
     n_imp = sum(r.verdict == "improvement" for r in rows)
     lines.append("")
-    lines.append(f"{n_reg} regression(s), {n_imp} improvement(s), {len(rows)} comparison(s).")
+    n_lost = len(incomplete(rows))
+    lost = f"{n_lost} cell(s) missing, failed or non-finite (incomplete), " if n_lost else ""
+    lines.append(f"{lost}{n_reg} regression(s), {n_imp} improvement(s), {len(rows)} comparison(s).")
     return "\n".join(lines)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import re
 import subprocess
@@ -40,10 +41,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import compare, results
+from harness import compare, exit_codes, history_store, results
 from harness.env import REPO_ROOT, git_info
+from harness.nightly_changes import (
+    ChangeConfig,
+    SeriesResult,
+    alerts_of,
+    analyse,
+    build_series,
+    config_from,
+    format_changes,
+)
+from harness.outputs import check_output_dir, check_output_file
 from harness.results import write_atomic
-from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig
+from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig, resolve_device
 
 DEFAULT_CONFIG = REPO_ROOT / "benchmarks" / "nightly_thresholds.json"
 DEFAULT_STORE = REPO_ROOT / "results" / "nightly"
@@ -71,6 +82,7 @@ class NightlyConfig:
     higher_is_better: tuple[str, ...] = ()
     report_only: tuple[str, ...] = ()
     max_reruns: int = 1
+    changes: ChangeConfig = field(default_factory=ChangeConfig)
 
 
 def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -97,17 +109,25 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: top level must be an object")
-    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun"), str(p))
+    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun", "alert"), str(p))
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
     th_doc = _section(doc, "harness", p)
     th_fields = compare.Thresholds.__dataclass_fields__
     _check_keys(th_doc, th_fields, f"{p}: harness")
-    th = compare.Thresholds(**th_doc).validate()
+    try:
+        th = compare.Thresholds(**th_doc).validate()
+    except ValueError as e:
+        raise ValueError(f"{p}: harness.{e}") from None
     asv = _section(doc, "asv", p)
     _check_keys(asv, ("enabled", "factor", "bench", "quick", "higher_is_better", "report_only"), f"{p}: asv")
-    factor = float(asv.get("factor", 1.1))
-    if factor < 1.0:
+    factor = asv.get("factor", 1.1)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
+        or factor < 1.0
+    ):
         raise ValueError(f"{p}: asv.factor must be >= 1.0 (a ratio), got {factor}")
     rerun = _section(doc, "rerun", p)
     _check_keys(rerun, ("max_reruns",), f"{p}: rerun")
@@ -124,6 +144,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         higher_is_better=tuple(asv.get("higher_is_better", ())),
         report_only=tuple(asv.get("report_only", ())),
         max_reruns=max_reruns,
+        changes=config_from(_section(doc, "alert", p), f"{p}: alert"),
     )
 
 
@@ -187,7 +208,8 @@ def _only(doc: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _flagged(rows: Iterable[compare.Row]) -> set[tuple[str, str]]:
-    return {(r.cell, r.metric) for r in rows if r.verdict == "regression"}
+    """Regressions and failed cells: both are measured again before they count."""
+    return {(r.cell, r.metric) for r in rows if r.verdict in ("regression", "failed")}
 
 
 def confirm_regressions(
@@ -215,7 +237,7 @@ def confirm_regressions(
                 break
     rows = compare.compare_docs(base, new, th)
     for r in rows:
-        if r.verdict == "regression" and (r.cell, r.metric) not in confirmed:
+        if r.verdict in ("regression", "failed") and (r.cell, r.metric) not in confirmed:
             r.verdict = "not confirmed"
     return HarnessOutcome(rows, first, confirmed, reruns)
 
@@ -406,6 +428,66 @@ def _fmt_cfg(cfg: NightlyConfig) -> str:
     )
 
 
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclass
+class ChangePoints:
+    active: bool  # enough nights of this machine for change points to gate
+    alerts: list[str]  # "cell metric commit-range size (reason)" of tonight's alerts
+    markdown: str
+    open: set[tuple[str, str]] = field(
+        default_factory=set
+    )  # (cell, metric) whose latest change is an alerted regression
+    found: list[SeriesResult] = field(default_factory=list)  # every series analysed (for the dashboard marks)
+
+
+def change_points(
+    path: Path,
+    tonight: dict[str, Any],
+    sha: str,
+    flagged: list[tuple[str, str]],
+    cfg: ChangeConfig,
+    log: Callable[[str], None],
+) -> ChangePoints:
+    """Change points of this machine's history plus tonight, and tonight's alerts (see
+    ``harness.alert_policy``). Without the detector installed: a note, and the pairwise gate
+    alone decides, as before."""
+    try:
+        detector = cfg.make_detector()
+        detector([1.0, 1.0, 1.0, 1.0])  # imports the library now, not halfway through
+    except ImportError as e:
+        return ChangePoints(False, [], f"Change points skipped: {e} (install with scripts/install-deps).")
+    nights = history_store.read(path)
+    machine = history_store.machine_key(tonight["env"])
+    same, left_out = history_store.select(nights, machine)
+    now = history_store.Night(0, machine, {"sha": sha, "flagged": [list(f) for f in flagged]}, tonight)
+    same = [*same, now][-cfg.max_nights :]
+    active = len(same) >= cfg.min_history
+    notes = [f"{len(same)} night(s) of this machine ({history_store.describe_machine(machine)}); "
+             f"detector {cfg.detector} (p < {cfg.max_pvalue}); policy {cfg.policy}."]  # fmt: skip
+    notes += left_out
+    if not active:
+        notes.append(f"Fewer than {cfg.min_history} nights: the pairwise gate alone decides tonight.")
+        return ChangePoints(False, [], "\n".join(notes) + "\n")
+    found = [analyse(s, cfg, detector) for s in build_series(same)]
+    alerts = []
+    still_open = {
+        (r.series.cell, r.series.metric)
+        for r in found
+        if r.changes and r.changes[-1].regression and alerts_of(r, r.changes[-1], cfg.policy.dedupe)
+    }
+    for r in found:
+        for c, why in r.alerted_tonight():
+            if r.series.values:
+                rng = f"{r.series.shas[c.index - 1][:10]}..{r.series.shas[c.index][:10]}"
+                alerts.append(f"{r.series.cell} {r.series.metric} {rng} {c.change * 100:+.1f}% ({why})")
+    for a in alerts:
+        log(f"change-point alert: {a}")
+    markdown = "\n".join(notes) + "\n\n" + format_changes(found, cfg.policy.dedupe)
+    return ChangePoints(True, alerts, markdown, still_open, found)
+
+
 def summary_markdown(
     *,
     sha: str,
@@ -418,6 +500,7 @@ def summary_markdown(
     status: str,
     n_cells: int,
     elapsed_s: float,
+    changes_md: str = "",
 ) -> str:
     head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
     lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
@@ -445,6 +528,8 @@ def summary_markdown(
             for rr in outcome.reruns:
                 lines.append(f"| {rr.cell} | {rr.attempt} | {', '.join(rr.flagged) or 'no (cleared)'} |")
             lines.append("")
+    if changes_md:
+        lines += ["## Change points over the history", "", changes_md, ""]
     lines.append("## asv")
     lines.append("")
     if asv_note:
@@ -487,14 +572,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
 
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def main_from_args(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_config(args.config)
@@ -502,10 +579,16 @@ def main_from_args(args: argparse.Namespace) -> int:
     for name in ("models", "scale", "modes", "phases", "threads"):
         if getattr(args, name) is not None:
             suite[name] = getattr(args, name)
-    run_cfg = run_config(suite, args.provider, _device(args.device))
+    run_cfg = run_config(suite, args.provider, resolve_device(args.device))
     suite.update({k: getattr(run_cfg, k) for k in ("models", "modes", "phases", "scale")})
-    store = Path(args.store)
+    # Every input and output is checked before the measurement, not after it.
+    store = check_output_dir(args.store, "--store")
+    check_output_dir(store / "runs", "--store")
+    if args.summary:
+        check_output_file(args.summary, "--summary")
     history = load_history(store)
+    history_store.read(store / HISTORY_FILE)  # another schema or a damaged line: refused before measuring
+    given_base = results.load(args.base) if args.base else None
     git = git_info()
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -523,8 +606,8 @@ def main_from_args(args: argparse.Namespace) -> int:
 
     base_entry: dict[str, Any] | None
     base_doc: dict[str, Any] | None
-    if args.base:
-        base_doc = results.load(args.base)
+    if given_base is not None:
+        base_doc = given_base
         given_sha = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
         base_entry = {"sha": given_sha, "date": "-", "results": str(Path(args.base).resolve())}
     else:
@@ -574,9 +657,29 @@ def main_from_args(args: argparse.Namespace) -> int:
             log(f"asv part failed: {e}")
         asv_note += f" asv output: `{asv_log}`."
 
-    harness_regressed = outcome is not None and bool(outcome.confirmed)
-    if harness_regressed or asv_regressed:
-        status = "regression"
+    flagged_now = sorted(outcome.confirmed) if outcome is not None else []
+    history_path = store / HISTORY_FILE
+    cp = change_points(history_path, new, sha, flagged_now, cfg.changes, log)
+    lost = [] if outcome is None else compare.incomplete(outcome.rows)
+    if base_doc is None:  # the first night: nothing to compare, but a failed cell is no baseline
+        lost = [r for r in compare.compare_docs(new, new) if r.verdict in compare.INCOMPLETE_VERDICTS]
+    confirmed_regressions = {
+        (r.cell, r.metric) for r in (outcome.rows if outcome else []) if r.verdict == "regression"
+    }
+    harness_regressed = bool(confirmed_regressions)
+    if lost:
+        status = "incomplete"  # recorded, never a base
+    elif (
+        asv_regressed
+        or cp.alerts
+        or (harness_regressed and not cp.active)
+        or (confirmed_regressions & cp.open)
+    ):
+        status = "regression"  # a confirmed regression of an alerted, unfixed change stays red
+    elif harness_regressed:
+        status = (
+            "flagged"  # the pairwise gate alone, with enough history to ask the detector: no alert, no base
+        )
     elif asv_failed:
         status = "error"  # recorded, never a base
     else:
@@ -592,6 +695,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         status=status,
         n_cells=len(new["cells"]),
         elapsed_s=time.perf_counter() - t0,
+        changes_md=cp.markdown,
     )
     summary_rel = new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
@@ -610,12 +714,18 @@ def main_from_args(args: argparse.Namespace) -> int:
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
     write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")
+    night = {k: entry[k] for k in ("sha", "dirty", "branch", "date", "status", "base")}
+    history_store.append(history_path, new, {**night, "flagged": [list(f) for f in flagged_now]})
     print(text)
     if args.summary:
         with open(args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     log(f"{status}; summary in {store / summary_rel}")
-    rc = {"regression": 1, "error": 2}.get(status, 0)
+    rc = {
+        "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
+        "incomplete": exit_codes.INCOMPLETE,
+        "error": exit_codes.TOOL_FAILED,
+    }.get(status, exit_codes.OK)
     if args.publish and asv_ran:
         try:
             pub_conf = asv_config_for_branch(
@@ -623,10 +733,23 @@ def main_from_args(args: argparse.Namespace) -> int:
             )
             Asv(pub_conf, log, args.asv_machine, store / asv_log)("publish")
             log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
+            mark_changes(pub_conf, cp, cfg.changes, log)
         except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
             log(f"asv publish failed: {e}")
-            rc = rc or 2
+            rc = rc or exit_codes.TOOL_FAILED
     return rc
+
+
+def mark_changes(pub_conf: Path, cp: ChangePoints, cfg: ChangeConfig, log: Callable[[str], None]) -> None:
+    """Mark tonight's change points on the dashboard just published (``harness.asv_marks``)."""
+    from harness.asv_marks import mark_dashboard, marks_of
+
+    html = Path(read_asv_conf(pub_conf).get("html_dir", "html"))
+    html = html if html.is_absolute() else pub_conf.parent / html
+    marked = mark_dashboard(html, marks_of(cp.found, dedupe=cfg.policy.dedupe))
+    log(f"{len(marked.placed)} change point(s) marked on the dashboard")
+    for why in marked.skipped:
+        log(f"  not marked: {why}")
 
 
 def _asv_part(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,29 @@ class ResultsError(ValueError):
     """A results file that cannot be trusted; the message names the file and the field."""
 
 
+class NonFiniteError(ResultsError):
+    """A figure in a results file is NaN or infinite: the run recorded garbage, not a measurement.
+
+    Its own class so the gate can answer it as lost data (exit INCOMPLETE), not as bad input."""
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """The path of the first NaN/inf number inside ``value`` (dicts and lists walked), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _non_finite(v, f"{where}.{k}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _non_finite(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def new_results(env: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return {"schema": SCHEMA, "kind": KIND, "env": env, "config": config, "cells": []}
 
@@ -67,6 +91,9 @@ def _fail(where: str, msg: str) -> ResultsError:
 def validate_cell(cell: Any, where: str) -> None:
     if not isinstance(cell, dict):
         raise _fail(where, f"must be an object, got {type(cell).__name__}")
+    bad = _non_finite(cell, where)
+    if bad:
+        raise NonFiniteError(f"{bad}: must be a finite number, got a non-finite value (NaN or inf)")
     for name, (types, nullable) in CELL_FIELDS.items():
         if name not in cell:
             raise _fail(where, f"missing field {name!r}")
@@ -121,6 +148,10 @@ def validate(doc: Any, source: str = "results") -> dict[str, Any]:
     for key in ("env", "config"):
         if not isinstance(doc.get(key), dict):
             raise _fail(source, f"field {key!r} must be an object")
+    for key in ("git", "versions"):  # read as objects by report, nightly and the history store
+        v = doc["env"].get(key)
+        if v is not None and not isinstance(v, dict):
+            raise _fail(f"{source}: env.{key}", f"must be an object or null, got {type(v).__name__}")
     cells = doc.get("cells")
     if not isinstance(cells, list):
         raise _fail(source, "field 'cells' must be a list")
@@ -135,12 +166,27 @@ def validate(doc: Any, source: str = "results") -> dict[str, Any]:
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a results file."""
+    """Read and validate a results file; ``HISTORY.jsonl:N`` is night N of a nightly history
+    (``harness.history_store``; -1 is the last night)."""
+    m = re.fullmatch(r"(.+\.jsonl):(-?\d+)", str(path))
+    if m:
+        from harness import history_store
+
+        try:
+            return history_store.night_results(m.group(1), int(m.group(2)))
+        except history_store.HistoryError as e:
+            raise ResultsError(str(e)) from None
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ResultsError(f"{p}: no such results file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{p}: is a directory, not a results file") from None
+    except UnicodeDecodeError as e:
+        raise ResultsError(f"{p}: not a results file (not UTF-8 text: {e.reason})") from None
+    except OSError as e:
+        raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

@@ -8,6 +8,7 @@ instead of silently producing an empty run.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +38,27 @@ def parse_list(
         if s not in seen:
             seen.append(s)
     return seen
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> cuda if torch sees a GPU, else cpu; ``cuda`` on a host without one is refused.
+
+    Why refuse up front: every cell would fail on its first CUDA call and the run would still
+    "finish", minutes later, with nothing measured."""
+    if device not in (*DEVICES, "auto"):
+        raise ValueError(f"device: unknown {device!r}; allowed values: {', '.join(DEVICES)}, auto")
+    if device == "cpu":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise ValueError(
+            f"device: 'cuda' requested, but torch {torch.__version__} sees no CUDA device on this host "
+            "(torch.cuda.is_available() is False); use --device cpu"
+        )
+    return "cpu"
 
 
 def provider_module(provider: str) -> Any:
@@ -105,8 +127,8 @@ class RunConfig:
             raise ValueError(f"max_iters: must be >= min_iters ({self.min_iters}), got {self.max_iters}")
         for name in ("budget_s", "timeout_s", "atol", "rtol"):
             v = getattr(self, name)
-            if not isinstance(v, int | float) or v < 0:
-                raise ValueError(f"{name}: must be a number >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if check_models:
             families = provider_families(self.provider)
             self.models = parse_list(self.models, "models", families) if families else list(self.models)

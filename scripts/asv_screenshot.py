@@ -9,6 +9,9 @@ blank or error page. Two independent checks, both required:
   (``canvas.flot-base``) and is not asv's "dependencies failed to load" page;
 * the screenshot is not blank: enough pixels differ from the page background.
 
+With ``--expect-marks N`` the graph must also carry N change point labels
+(``div.optimus-change``, drawn by the script ``harness/asv_marks.py`` adds to the site).
+
 asv loads jQuery, flot and bootstrap from public CDNs. Offline, the page cannot render and
 this script says so (exit 1); ``--assets-dir DIR`` serves local copies instead (files named
 like the CDN files, e.g. ``jquery-3.3.1.min.js``, ``jquery.flot.min.js``).
@@ -118,6 +121,8 @@ def dom_report(dom: str) -> dict[str, Any]:
     return {
         "error_page": ERROR_PAGE in dom,
         "plot_canvases": len(re.findall(r'<canvas[^>]*class="flot-base"', dom)),
+        "change_marks": len(re.findall(r'<div[^>]*class="optimus-change"', dom)),
+        "change_mark_labels": re.findall(r'<div[^>]*class="optimus-change"[^>]*>([^<]*)</div>', dom),
         "canvases": dom.count("<canvas"),
         "dom_bytes": len(dom),
     }
@@ -138,7 +143,7 @@ def pixel_report(png: Path) -> dict[str, Any]:
 
 
 def check(html_dir: Path, out: Path, page: str, exe: str, budget_ms: int, assets: Path | None,
-          window: str = "1400,900", keep_site: Path | None = None) -> dict[str, Any]:  # fmt: skip
+          window: str = "1400,900", keep_site: Path | None = None, expect_marks: int = 0) -> dict[str, Any]:  # fmt: skip
     """Render ``page`` of the published site; return the DOM and pixel reports and a verdict."""
     if not (html_dir / "index.html").exists():
         raise SystemExit(f"asv_screenshot: {html_dir}/index.html not found; run `asv publish` first")
@@ -169,6 +174,8 @@ def check(html_dir: Path, out: Path, page: str, exe: str, budget_ms: int, assets
         reasons.append("no flot plot canvas in the DOM")
     if report["non_background"] < 0.01:
         reasons.append(f"blank screenshot ({report['non_background']:.2%} non-background pixels)")
+    if report["change_marks"] < expect_marks:
+        reasons.append(f"{report['change_marks']} change point mark(s) on the graph, expected {expect_marks}")
     report["rendered"] = not reasons
     report["reasons"] = reasons
     return report
@@ -185,11 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-ms", type=int, default=20000, help="virtual time the page gets to settle")
     ap.add_argument("--assets-dir", help="local copies of asv's CDN scripts/styles, by file name")
     ap.add_argument("--keep-site", help="with --assets-dir: also write the localized site here (to serve it)")
+    ap.add_argument("--expect-marks", type=int, default=0,
+                    help="also require this many change point labels (harness/asv_marks.py) on the graph")  # fmt: skip
     args = ap.parse_args(argv)
     exe = find_chromium(args.chromium)
     report = check(Path(args.html_dir), Path(args.out), args.page, exe, args.budget_ms,
                    Path(args.assets_dir) if args.assets_dir else None,
-                   keep_site=Path(args.keep_site) if args.keep_site else None)  # fmt: skip
+                   keep_site=Path(args.keep_site) if args.keep_site else None,
+                   expect_marks=args.expect_marks)  # fmt: skip
     print(json.dumps(report, indent=1))
     return 0 if report["rendered"] else 1
 

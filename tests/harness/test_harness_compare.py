@@ -74,7 +74,7 @@ def test_memory_compile_and_status_rules() -> None:
     assert rows["compile_s"].verdict == "improvement"
     new["cells"][0].update(status="mismatch", error="outputs differ")
     rows2 = compare.compare_docs(base, new)
-    assert [(r.metric, r.verdict) for r in rows2] == [("status", "regression")]
+    assert [(r.metric, r.verdict) for r in rows2] == [("status", "failed")]  # lost data, not a verdict
     rows3 = compare.compare_docs(base, synthetic.doc([]))
     assert [r.verdict for r in rows3] == ["missing"]
 

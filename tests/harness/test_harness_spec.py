@@ -26,7 +26,7 @@ def test_parse_list() -> None:
         ({"device": "tpu"}, r"device: unknown 'tpu'"),
         ({"min_iters": 0}, "min_iters: must be >= 1"),
         ({"max_iters": 2, "min_iters": 5}, r"max_iters: must be >= min_iters \(5\)"),
-        ({"budget_s": -1.0}, "budget_s: must be a number >= 0"),
+        ({"budget_s": -1.0}, "budget_s: must be a finite number >= 0"),
         ({"provider": "nocolon"}, "provider: expected 'module:function'"),
     ],
 )

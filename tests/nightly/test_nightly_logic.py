@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import compare, measure, nightly
+from harness import compare, exit_codes, measure, nightly
 from harness.spec import CellKey
 
 TH = compare.Thresholds()
@@ -120,7 +120,11 @@ def test_config_file_in_repo_loads() -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"harness": {"latency": -1}}, "latency: threshold must be >= 0"),
+        ({"harness": {"latency": -1}}, "cfg.json: harness.latency: threshold must be a finite number >= 0"),
+        ({"harness": {"latency": float("nan")}}, "cfg.json: harness.latency: threshold must be a finite"),
+        ({"harness": {"alpha": "0.01"}}, "cfg.json: harness.alpha: threshold must be a finite number"),
+        ({"asv": {"factor": "big"}}, "cfg.json: asv.factor must be >= 1.0"),
+        ({"asv": {"factor": float("inf")}}, "cfg.json: asv.factor must be >= 1.0"),
         ({"harness": {"latncy": 0.1}}, "unknown field(s) ['latncy']"),
         ({"asv": {"factor": 0.9}}, "asv.factor must be >= 1.0"),
         ({"rerun": {"max_reruns": -1}}, "rerun.max_reruns must be an integer >= 0"),
@@ -258,7 +262,7 @@ def test_asv_failure_records_an_error_night_that_is_never_a_base(
         "--phases",
         "infer",
     ]
-    assert cli.main(argv) == 2
+    assert cli.main(argv) == exit_codes.TOOL_FAILED  # not BAD_INPUT: the input was fine
     assert "**asv part failed**: asv run failed (exit 1): build error" in capsys.readouterr().out
     history = json.loads((tmp_path / "history.json").read_text())
     assert [r["status"] for r in history["runs"]] == ["error"]
