@@ -69,7 +69,7 @@ class _Group:
     views: Callable[[torch.Tensor], list[torch.Tensor]]
     base_ptr: int = 0
     member_ptrs: list[int] = field(default_factory=list)
-    trainable: list[bool] = field(default_factory=list)  # members' requires_grad, as last synced
+    live: list[bool] = field(default_factory=list)  # members' requires_grad, read by the pre-hook
     hooked: bool = False  # gradient hooks installed on ``stacked``
     reuse: bool = False
     grad_buf: torch.Tensor | None = None  # strong: reuse groups only
@@ -156,8 +156,7 @@ def new_group(
 def sync_requires_grad(group: _Group) -> None:
     """The stacked parameter requires grad when any member does (so an all-frozen group's output
     does not require grad, as in the unfused model); hooks are installed the first time it does."""
-    group.trainable = list(map(_REQUIRES_GRAD, group.members))
-    want = any(group.trainable)
+    want = any(map(_REQUIRES_GRAD, group.members))
     if group.stacked.requires_grad != want:
         group.stacked.requires_grad_(want)
     if want and not group.hooked:
@@ -260,7 +259,7 @@ def install_grad_hooks(group: _Group) -> None:
                 "assign=True?); run the forward again after changing parameters"
             )
         members = g.members
-        live = list(map(_REQUIRES_GRAD, members))
+        live = g.live = list(map(_REQUIRES_GRAD, members))  # post() reads it: one pass per backward
         mask = None if all(live) else live
         hooks = list(map(_TENSOR_HOOKS, members))
         if any(hooks):
@@ -301,7 +300,7 @@ def install_grad_hooks(group: _Group) -> None:
         if g is None:
             return
         members = g.members
-        live = list(map(_REQUIRES_GRAD, members))
+        live = g.live if len(g.live) == len(members) else list(map(_REQUIRES_GRAD, members))
         mask = None if all(live) else live
         new = w.grad
         if new is not None and new is not g.buffer():
