@@ -96,7 +96,8 @@ class _Binding:
             return False
         # requires_grad: the stacked parameter's is any of the members' (short-circuits: O(1)
         # unless the group is frozen); the hooks read each member's at every backward
-        return still_views(g) and stacked.requires_grad == any(map(_REQUIRES_GRAD, members))
+        wants = any(map(_REQUIRES_GRAD, members))
+        return still_views(g) and stacked.requires_grad == wants and (g.hooked or not wants)
 
 
 def bind(gm: fx.GraphModule, name: str, group: _Group, targets: list[str], reuse_limit: int) -> None:

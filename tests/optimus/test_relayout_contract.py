@@ -130,6 +130,19 @@ def test_unfreezing_after_optimize_trains_again_and_all_frozen_needs_no_grad() -
     assert gm(x).requires_grad is ref(x).requires_grad is False
 
 
+def test_unfreezing_through_the_optimized_module_trains_a_group_frozen_at_optimize() -> None:
+    torch.manual_seed(31)
+    model, x = Towers(), torch.randn(4, 2, 3)
+    model.requires_grad_(False)
+    ref = copy.deepcopy(model)
+    gm = optimized(model, x)
+    gm.requires_grad_(True)  # also sets the stacked parameters' flag (they are gm's parameters)
+    ref.requires_grad_(True)
+    opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    train([(gm, opt), (ref, opt_ref)], x, 2)
+    assert_same_params(model, ref)
+
+
 # --- 8b: gradient hooks on the original parameters --------------------------------------------
 
 
@@ -226,8 +239,12 @@ def test_load_state_dict_assign_is_seen_by_the_forward_and_trains(capture: str) 
 
 @pytest.mark.parametrize("which", ["optimized", "original"])
 def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> None:
-    model, ref, gm, x = setup(9)
+    torch.manual_seed(9)
+    model, x = Towers(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    # SGD with momentum built BEFORE optimize, Adam after the conversion
     sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
+    gm = optimized(model, x)
     train([(gm, sgd), (ref, sgd_ref)], x, 1)  # momentum state exists before the conversion
     (gm if which == "optimized" else model).to(torch.float64)
     ref.to(torch.float64)
@@ -240,11 +257,16 @@ def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> No
     model.load_state_dict(state)  # in place, after the conversion
     ref.load_state_dict(state)
     torch.testing.assert_close(gm(x64), ref(x64))
-    adam, adam_ref = (torch.optim.Adam(m.parameters(), lr=0.05) for m in (model, ref))  # built after
+    adam, adam_ref = (torch.optim.Adam(m.parameters(), lr=0.05) for m in (model, ref))
     train([(gm, sgd), (ref, sgd_ref)], x64, 2)
     train([(gm, adam), (ref, adam_ref)], x64, 2)
     assert_same_params(model, ref)
     torch.testing.assert_close(gm(x64), ref(x64))
+    for opt, opt_ref in ((sgd, sgd_ref), (adam, adam_ref)):  # optimizer state tracks the same values
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            assert p in opt.state
+            for key, value in opt_ref.state[q].items():
+                torch.testing.assert_close(opt.state[p][key], value, msg=key)
 
 
 def test_converting_part_of_a_group_is_a_clear_error_at_the_next_call() -> None:
