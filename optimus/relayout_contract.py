@@ -134,7 +134,9 @@ def _check_hook(module: nn.Module, args: Any) -> None:
 
 def sync(module: nn.Module) -> None:
     """Check every re-laid-out group ``module`` reads and restore the broken ones (module doc).
-    Runs before each call of the optimized module; call it yourself under ``torch.compile``."""
+    Runs before each call of the optimized module; call it yourself under ``torch.compile``
+    (on the compiled wrapper or the module itself)."""
+    module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule
     meta = getattr(module, "meta", None)
     bindings = meta.get(BINDINGS_KEY) if isinstance(meta, dict) else None
     if not bindings:
