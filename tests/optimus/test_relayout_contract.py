@@ -298,12 +298,13 @@ def test_optimize_inside_inference_mode_leaves_a_trainable_model() -> None:
 
 
 @pytest.mark.compile
-def test_compiled_optimized_module_honours_freezing_and_hooks() -> None:
-    """The harness's compile+optimus path (the re-laid-out module under torch.compile; aot_eager
-    here, to keep it fast): the per-call check is traced away, the backward hooks still apply."""
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_optimized_module_honours_freezing_and_hooks(backend: str) -> None:
+    """The harness's compile+optimus path (the re-laid-out module under torch.compile): the
+    per-call check is traced away, the backward hooks still apply."""
     model, ref, gm, x = setup(12)
     torch._dynamo.reset()
-    compiled = torch.compile(gm, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(gm, backend=backend, fullgraph=True)
     seen: dict[str, list[torch.Tensor]] = {"fused": [], "ref": []}
     for key, m in (("fused", model), ("ref", ref)):
         m.towers[0].weight.requires_grad_(False)
