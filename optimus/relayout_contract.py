@@ -129,14 +129,17 @@ def _install(gm: fx.GraphModule) -> None:
 def _check_hook(module: nn.Module, args: Any) -> None:
     if torch.compiler.is_compiling():
         return  # traced away: Dynamo cannot run the check per call (see the module docstring)
-    sync(module)
+    _sync(module)
 
 
 def sync(module: nn.Module) -> None:
     """Check every re-laid-out group ``module`` reads and restore the broken ones (module doc).
     Runs before each call of the optimized module; call it yourself under ``torch.compile``
     (on the compiled wrapper or the module itself)."""
-    module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule
+    _sync(getattr(module, "_orig_mod", module))  # torch.compile's OptimizedModule wraps it
+
+
+def _sync(module: nn.Module) -> None:
     meta = getattr(module, "meta", None)
     bindings = meta.get(BINDINGS_KEY) if isinstance(meta, dict) else None
     if not bindings:
