@@ -27,7 +27,8 @@ test machine), and the stacked parameter requires grad exactly when some member 
 
 Under ``torch.compile`` of the optimized module the pre-hook is traced away (Dynamo cannot run
 it per call): change parameters before compiling, or call :func:`sync` yourself after changing
-them; the backward hook still raises if it finds the views cut.
+them. The backward hook still raises if it finds the views cut (``.to()``); new objects from
+``assign=True`` are not seen there (the old ones are still views): a known gap.
 """
 
 from __future__ import annotations
