@@ -363,3 +363,72 @@ def test_optimus_backend_with_relayout_config_honours_freezing_and_hooks() -> No
     assert fired == [1, 1]
     assert model.towers[0].weight.grad is None
     assert_same_params(model, ref)
+
+
+# --- random sequences of the operations above, against the unfused model ----------------------
+
+OPS = (
+    "train",
+    "train",
+    "freeze",
+    "unfreeze",
+    "to",
+    "load",
+    "zero_none",
+    "zero_keep",
+    "hook",
+    "adam",
+    "infer",
+)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_sequences_of_parameter_operations_match_the_unfused_model(seed: int) -> None:
+    """Freezing, unfreezing, hooks, ``.to()`` on either module, loads, both zero_grad modes and new
+    optimizers, in a random order: after every operation the parameters and their ``.grad``
+    (presence and values) match the unfused model's, and so does the output."""
+    import random
+
+    rng = random.Random(seed)
+    model, ref, gm, x = setup(100 + seed, "fx" if seed % 2 else "export")
+    pairs: dict[str, tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]] = {
+        "fused": (model, gm),
+        "ref": (ref, ref),
+    }
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for k, (m, _) in pairs.items()}
+    dtype = torch.float32
+    for _ in range(12):
+        op, i, which = rng.choice(OPS), rng.randrange(4), rng.choice(["weight", "bias"])
+        if op == "train":
+            for k, (_, forward) in pairs.items():
+                loss(forward(x.to(dtype))).backward()
+                opts[k].step()
+        elif op == "infer":
+            with torch.no_grad():
+                torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)))
+        elif op in ("freeze", "unfreeze"):
+            for m in (model, ref):
+                getattr(m.towers[i], which).requires_grad_(op == "unfreeze")
+        elif op == "to":
+            dtype = torch.float64 if dtype == torch.float32 else torch.float32
+            (gm if rng.random() < 0.5 else model).to(dtype)
+            ref.to(dtype)
+            opts = {
+                k: torch.optim.SGD(m.parameters(), lr=0.05) for k, (m, _) in pairs.items()
+            }  # state dtypes
+        elif op == "load":
+            state = {k: torch.randn_like(v) for k, v in ref.state_dict().items()}
+            model.load_state_dict(state)
+            ref.load_state_dict(state)
+        elif op in ("zero_none", "zero_keep"):
+            for opt in opts.values():
+                opt.zero_grad(set_to_none=op == "zero_none")
+        elif op == "hook":
+            for m in (model, ref):
+                p = getattr(m.towers[i], which)
+                if p.requires_grad:
+                    p.register_hook(lambda g: g * 0.5)
+        elif op == "adam":
+            opts = {k: torch.optim.Adam(m.parameters(), lr=0.01) for k, (m, _) in pairs.items()}
+        assert_same_params(model, ref)
+    torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)))
