@@ -27,14 +27,15 @@ test machine), and the stacked parameter requires grad exactly when some member 
 
 Under ``torch.compile`` of the optimized module the pre-hook is traced away (Dynamo cannot run
 it per call): change parameters before compiling, or call :func:`sync` yourself after changing
-them. The backward hook still raises if it finds the views cut (``.to()``); new objects from
-``assign=True`` are not seen there (the old ones are still views): a known gap.
+them. The backward hook raises if it finds the views cut (``.to()``) or members replaced
+(``assign=True``); a compiled forward without a backward reads the old values: a known gap.
 """
 
 from __future__ import annotations
 
 import copy
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,10 @@ class _Binding:
             None,
         )
 
+    def current(self) -> list[Any]:
+        """The objects the owning modules hold now (None for a removed one)."""
+        return list(map(dict.get, self.dicts, self.keys))
+
     def intact(self, stacked: Any) -> bool:
         """The cheap per-call check: same objects, same addresses, same requires_grad."""
         g = self.group
@@ -113,7 +118,9 @@ def bind(gm: fx.GraphModule, name: str, group: _Group, targets: list[str], reuse
     bindings = gm.meta.setdefault(BINDINGS_KEY, [])
     bindings[:] = [b for b in bindings if b.name != name]
     shapes = [p.shape for p in group.members]
-    bindings.append(_Binding(name, list(targets), shapes, dicts, keys, group.kind, reuse_limit, group))
+    binding = _Binding(name, list(targets), shapes, dicts, keys, group.kind, reuse_limit, group)
+    bindings.append(binding)
+    group.owners.append(weakref.ref(binding))
     _install(gm)
 
 
@@ -175,6 +182,7 @@ def _restore(module: nn.Module, b: _Binding, stacked: Any) -> None:
             else None
         )
         b.group = new_group(members, b.kind, b.reuse_limit, reuse)
+        b.group.owners.append(weakref.ref(b))
         if reuse is None:
             module.register_parameter(b.name, b.group.stacked)
 

@@ -71,6 +71,9 @@ class _Group:
     member_ptrs: list[int] = field(default_factory=list)
     live: list[bool] = field(default_factory=list)  # members' requires_grad, read by the pre-hook
     hooked: bool = False  # gradient hooks installed on ``stacked``
+    # where the members live in each module that reads this group (relayout_contract._Binding):
+    # the pre-hook checks that no member was replaced since the forward (assign=True)
+    owners: list[weakref.ref[Any]] = field(default_factory=list)
     reuse: bool = False
     grad_buf: torch.Tensor | None = None  # strong: reuse groups only
     grad_views: list[torch.Tensor] = field(default_factory=list)  # strong: reuse groups only
@@ -202,6 +205,15 @@ def _buffer_is_free(g: _Group, new: torch.Tensor) -> bool:
     )
 
 
+def _owners_hold_members(g: _Group) -> bool:
+    """Every module that reads ``g`` still holds its members (not objects put there since)."""
+    for ref in g.owners:
+        b = ref()
+        if b is not None and b.group is g and not all(map(operator.is_, b.current(), g.members)):
+            return False
+    return True
+
+
 def _run_tensor_hooks(g: _Group, grad: torch.Tensor, live: list[bool], hooks: list[Any]) -> torch.Tensor:
     """``p.register_hook`` hooks of trainable members, on their slices of a copy of ``grad``."""
     grad = grad.clone(memory_format=torch.contiguous_format)
@@ -252,11 +264,12 @@ def install_grad_hooks(group: _Group) -> None:
         if g is None:
             return grad
         w = g.stacked
-        if not still_views(g):
+        if not still_views(g) or not _owners_hold_members(g):
             raise RuntimeError(
-                "optimus re-layout: a fused parameter stopped being a view of its stacked storage "
-                "between the forward and this backward (converted with .to(), or loaded with "
-                "assign=True?); run the forward again after changing parameters"
+                "optimus re-layout: a fused parameter stopped being a view of its stacked storage, "
+                "or was replaced, between the forward and this backward (.to(), "
+                "load_state_dict(assign=True)?); run the forward again after changing parameters "
+                "(under torch.compile, call optimus.relayout_contract.sync(compiled) first)"
             )
         members = g.members
         live = g.live = list(map(_REQUIRES_GRAD, members))  # post() reads it: one pass per backward

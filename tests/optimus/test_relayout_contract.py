@@ -323,6 +323,15 @@ def test_compiled_optimized_module_honours_freezing_and_hooks(backend: str) -> N
     sync(compiled)
     train([(compiled, opt), (ref, opt_ref)], x.double(), 1)
     assert_same_params(model, ref)
+    # assign=True after compiling: the compiled forward still reads the old storage; the backward
+    # refuses to train the replaced parameters' stale copies, and sync() re-lays them out
+    torch.manual_seed(120)
+    other = Towers().double()
+    gm.load_state_dict(dict(zip(gm.state_dict(), other.state_dict().values(), strict=True)), assign=True)
+    with pytest.raises(RuntimeError, match="was replaced"):
+        loss(compiled(x.double())).backward()
+    sync(compiled)
+    torch.testing.assert_close(compiled(x.double()), other(x.double()))
 
 
 def test_steady_state_calls_do_not_re_lay_out() -> None:
