@@ -31,7 +31,7 @@ from __future__ import annotations
 import operator
 import sys
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -71,6 +71,7 @@ class _Group:
     member_ptrs: list[int] = field(default_factory=list)
     live: list[bool] = field(default_factory=list)  # members' requires_grad, read by the pre-hook
     hooked: bool = False  # gradient hooks installed on ``stacked``
+    user_hooks: bool = False  # a member has (or had) hooks of its own: the backward reads them
     # where the members live in each module that reads this group (relayout_contract._Binding):
     # the pre-hook checks that no member was replaced since the forward (assign=True)
     owners: list[weakref.ref[Any]] = field(default_factory=list)
@@ -150,10 +151,45 @@ def new_group(
         group = _Group(stacked, list(members), kind, view_fn(kind, sizes))
         group.reuse = value.numel() * value.element_size() <= reuse_limit * len(members)
         group.place(value)
+        _watch_hooks(group)
         sync_requires_grad(group)
     # keep the group alive as long as its stacked parameter is
     setattr(stacked, STACKED_GROUP_ATTR, group)
     return group
+
+
+class _HookWatch(OrderedDict):  # type: ignore[type-arg]
+    """A member's hook dict (``_backward_hooks`` / ``_post_accumulate_grad_hooks``, where
+    ``register_hook`` puts its hooks) that tells the member's groups when a hook is registered,
+    so the backward reads the G members' hook dicts only for groups that have hooks: reading
+    them every backward cost about 0.6 us per member per dict on towers large."""
+
+    def __init__(self, group: _Group) -> None:
+        super().__init__()
+        self.groups = [weakref.ref(group)]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        for ref in self.groups:
+            g = ref()
+            if g is not None:
+                g.user_hooks = True
+        super().__setitem__(key, value)
+
+
+def _watch_hooks(group: _Group) -> None:
+    """Give each member a watching hook dict; a member that already has a dict of its own (hooks
+    registered before, even if removed since) makes the group read them at every backward."""
+    for p in group.members:
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            found = getattr(p, attr)
+            if found is None:
+                setattr(p, attr, _HookWatch(group))
+            elif isinstance(found, _HookWatch):
+                found.groups.append(weakref.ref(group))
+            else:
+                group.user_hooks = True
+            if isinstance(found, _HookWatch) and len(found):
+                group.user_hooks = True
 
 
 def sync_requires_grad(group: _Group) -> None:
@@ -274,9 +310,10 @@ def install_grad_hooks(group: _Group) -> None:
         members = g.members
         live = g.live = list(map(_REQUIRES_GRAD, members))  # post() reads it: one pass per backward
         mask = None if all(live) else live
-        hooks = list(map(_TENSOR_HOOKS, members))
-        if any(hooks):
-            grad = _run_tensor_hooks(g, grad, live, hooks)
+        if g.user_hooks:
+            hooks = list(map(_TENSOR_HOOKS, members))
+            if any(hooks):
+                grad = _run_tensor_hooks(g, grad, live, hooks)
         current = list(map(_GRAD, members))
         if mask is not None:
             current = [c if t else None for c, t in zip(current, mask, strict=True)]
@@ -329,7 +366,7 @@ def install_grad_hooks(group: _Group) -> None:
                 g.hold(new, views)
             _bind(members, views, mask)
         w.grad = None
-        post_hooks = list(map(_POST_HOOKS, members))
+        post_hooks = list(map(_POST_HOOKS, members)) if g.user_hooks else []
         if any(post_hooks):
             for p, trains, found in zip(members, live, post_hooks, strict=True):
                 if trains and found:

@@ -43,6 +43,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--clock",
+        default="cpu",
+        choices=("cpu", "wall"),
+        help="cpu: this process's CPU time (with one thread, robust to other processes taking turns "
+        "on a shared machine); wall: perf_counter",
+    )
     args = parser.parse_args()
 
     import torch
@@ -74,7 +81,10 @@ def main() -> None:
     members = sum(len(bd.keys) for bd in bindings)
     n = 2000
     check_us = min(timeit.repeat(lambda: relayout_contract.sync(dense["new"]), number=n, repeat=5)) / n * 1e6
-    samples = interleaved.interleave(contenders, rounds=args.rounds, steps=args.steps, warmup=3)
+    import time
+
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    samples = interleaved.interleave(contenders, rounds=args.rounds, steps=args.steps, warmup=3, clock=clock)
     summary = interleaved.summarize(samples, "old")
     print(
         json.dumps(

@@ -161,6 +161,23 @@ def test_tensor_hooks_on_original_parameters_fire_with_the_unfused_gradients() -
     assert_same_params(model, ref)
 
 
+def test_hooks_registered_before_optimize_fire() -> None:
+    torch.manual_seed(41)
+    model, x = Towers(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    fired: dict[str, int] = {"fused": 0, "ref": 0}
+    for key, m in (("fused", model), ("ref", ref)):
+        m.towers[0].bias.register_hook(lambda g: g * 2)
+        m.towers[1].bias.register_post_accumulate_grad_hook(
+            lambda p, key=key: fired.__setitem__(key, fired[key] + 1)
+        )
+    gm = optimized(model, x)
+    for forward in (gm, ref):
+        loss(forward(x)).backward()
+    assert fired == {"fused": 1, "ref": 1}
+    assert_same_params(model, ref)
+
+
 def test_post_accumulate_grad_hooks_fire_and_can_step_in_backward() -> None:
     model, ref, gm, x = setup(5)
     fired: dict[str, list[str]] = {"fused": [], "ref": []}
