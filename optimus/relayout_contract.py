@@ -157,6 +157,7 @@ def _sync(module: nn.Module) -> None:
         stacked = params.get(b.name)
         if not b.intact(stacked):
             _restore(module, b, stacked)
+        b.group.checked = True  # type: ignore[union-attr]
 
 
 def _restore(module: nn.Module, b: _Binding, stacked: Any) -> None:

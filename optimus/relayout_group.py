@@ -72,6 +72,7 @@ class _Group:
     live: list[bool] = field(default_factory=list)  # members' requires_grad, read by the pre-hook
     hooked: bool = False  # gradient hooks installed on ``stacked``
     user_hooks: bool = False  # a member has (or had) hooks of its own: the backward reads them
+    checked: bool = False  # the per-call check found the members in place since the last backward
     # where the members live in each module that reads this group (relayout_contract._Binding):
     # the pre-hook checks that no member was replaced since the forward (assign=True)
     owners: list[weakref.ref[Any]] = field(default_factory=list)
@@ -300,7 +301,11 @@ def install_grad_hooks(group: _Group) -> None:
         if g is None:
             return grad
         w = g.stacked
-        if not still_views(g) or not _owners_hold_members(g):
+        checked, g.checked = g.checked, False
+        # members replaced after the per-call check (eager: between the forward and this backward)
+        # are what the unfused model would not differentiate either: checked only without it
+        # (under torch.compile), where the forward read stale values
+        if not still_views(g) or not (checked or _owners_hold_members(g)):
             raise RuntimeError(
                 "optimus re-layout: a fused parameter stopped being a view of its stacked storage, "
                 "or was replaced, between the forward and this backward (.to(), "
