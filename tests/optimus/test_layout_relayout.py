@@ -199,11 +199,18 @@ def test_second_optimize_reuses_the_storage_and_conversion_is_detected() -> None
     (name,) = [n for n in stacked_names(again) if dict(again.named_parameters())[n].dim() == 3]
     assert any(dict(again.named_parameters())[name] is p for p in gm.parameters())
     torch.testing.assert_close(again(x), gm(x))
-    # what Module._apply (.to(device), .half()) does to each parameter: cuts the view loose; the
-    # backward hook says so instead of training the two copies apart silently
-    model.linears[1].weight.data = model.linears[1].weight.data.clone()
-    with pytest.raises(RuntimeError, match="no longer a view"):
-        gm(x).sum().backward()
+    # what Module._apply (.to(device), .half()) does to each parameter: cuts the view loose. Before
+    # a forward, the per-call check lays the group out again from the parameters' values ...
+    w = model.linears[1].weight
+    w.data = w.data.clone() * 2
+    torch.testing.assert_close(gm(x), model(x))
+    assert w.untyped_storage().data_ptr() == model.linears[0].weight.untyped_storage().data_ptr()
+    # ... between a forward and its backward, the backward hook says so instead of training the
+    # two copies apart silently
+    out = gm(x)
+    w.data = w.data.clone()
+    with pytest.raises(RuntimeError, match="stopped being a view"):
+        out.sum().backward()
 
 
 def test_dynamo_sees_a_plain_parameter_training() -> None:
