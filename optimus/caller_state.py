@@ -11,7 +11,8 @@ What is kept (see docs/optimus.md, "What optimize keeps of the caller's world"):
 
 * the example inputs: the model only ever sees :func:`clone_inputs` copies (same sizes, strides,
   storage offset, dtype, device, ``requires_grad`` and aliasing between inputs);
-* every buffer of the module: cloned before, copied back if its version counter moved;
+* every buffer of the module: cloned before, copied back if its value changed (BatchNorm's
+  running statistics change without a version-counter bump);
 * parameters: cloned only when a real run is about to happen (``protect_parameters``), since
   the export path never runs the model and a clone of every weight would double its memory;
 * every submodule's attributes (``__dict__`` and its parameter/buffer/module dicts), restored
@@ -61,6 +62,10 @@ def clone_inputs(inputs: Any) -> Any:
     return pytree.tree_map(lambda v: _clone_tensor(v, storages) if isinstance(v, torch.Tensor) else v, inputs)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
 class CallerState:
     """A snapshot of ``module``'s state and the RNG, restored by :meth:`restore`."""
 
@@ -102,7 +107,8 @@ class CallerState:
             self._restore_dicts(m, saved)
         with torch.no_grad():
             for t, version, value in self.buffers + self.params:
-                if t._version != version:
+                # BatchNorm's running statistics are updated without bumping the version counter
+                if t._version != version or not _same(t, value):
                     t.copy_(value)
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
