@@ -55,12 +55,12 @@ def test_other_strides_are_another_signature() -> None:
 
 def test_the_number_of_graphs_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the bound, calls that match no kept graph run the model eagerly (correct), once warned."""
-    from optimus import specialized
-
-    monkeypatch.setattr(specialized, "MAX_SPECIALIZATIONS", 2)
     model, gm = _optimized("default", 2.0)
     x = torch.randn(8, 256)
     torch.testing.assert_close(gm(x, 3.0), model(x, 3.0))  # second graph: the last one kept
+    from optimus import specialized
+
+    monkeypatch.setattr(specialized, "MAX_SPECIALIZATIONS", 2)
     with pytest.warns(UserWarning, match="running the original module eagerly"):
         torch.testing.assert_close(gm(x, 4.0), model(x, 4.0))
     torch.testing.assert_close(gm(x, 5.0), model(x, 5.0))
