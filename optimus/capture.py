@@ -6,8 +6,9 @@ Strategy, in order:
 2. ``torch._dynamo.export``: one whole graph of torch-level ops. Python loops over ``split``
    outputs, list comprehensions and ``nn.ModuleList`` are unrolled; parameters are ``get_attr``
    nodes reading the module's *own* parameters, so gradients land on them;
-3. if export fails (a graph break, or an input Dynamo cannot export, e.g. a torchrec
-   ``KeyedJaggedTensor``): ``torch.compile(module, backend=<optimus, eager>)``. Dynamo splits the
+3. if export fails (a graph break, an input Dynamo cannot export, e.g. a torchrec
+   ``KeyedJaggedTensor``, or Python side effects in ``forward``, which a graph would drop: see
+   :func:`export`): ``torch.compile(module, backend=<optimus, eager>)``. Dynamo splits the
    model into graphs at the breaks; each graph is optimized and run eagerly (no Inductor), and the
    rest runs as Python. The returned ``GraphModule`` has one ``call_module`` node calling that
    compiled module; ``optimus_report`` aggregates every graph (``report.graphs``).
