@@ -112,3 +112,25 @@ def test_optimus_backend_sees_the_switch() -> None:
         torch.testing.assert_close(compiled(x), ref(x))
     for a, b in zip(model.buffers(), ref.buffers(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_graph_break_path_follows_the_mode() -> None:
+    """The Dynamo-subgraph path: ``gm.eval()`` reaches the model, and Dynamo's guards on
+    ``training`` recompile (a guard against regressions; this path already followed the mode)."""
+
+    class Broken(ModeTowers):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = super().forward(x)
+            torch._dynamo.graph_break()
+            return y * 2
+
+    torch.manual_seed(0)
+    model, ref, x = Broken(), Broken(), torch.randn(8, 256)
+    gm = optimus.optimize(model, (x,))
+    ref.load_state_dict(model.state_dict())
+    assert gm.optimus_report.capture == "dynamo-subgraphs"
+    _same_step(gm, model, ref, x)
+    gm.eval()
+    ref.eval()
+    assert not model.training
+    _same_step(gm, model, ref, x)
