@@ -17,6 +17,7 @@ The first graph is ``gm.graph``; the others are in ``gm.optimus_specializations`
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import warnings
 from collections.abc import Callable
@@ -48,6 +49,7 @@ class CallGuard:
         self.variants: dict[Any, Callable[..., Any]] = {}
         self.reasons: list[str] = []
         self.warned = False
+        self.forward_signature: inspect.Signature | None = None  # made at the first keyword call
 
     def matches(self, args: tuple[Any, ...]) -> bool:
         return self.modes == modes(self.sensitive) and self.signature.matches(args)
@@ -90,10 +92,10 @@ class CallGuard:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """Keyword arguments as positional ones (None if they cannot be)."""
-        import inspect
-
         try:
-            bound = inspect.signature(self.source.forward).bind(*args, **kwargs)
+            if self.forward_signature is None:
+                self.forward_signature = inspect.signature(self.source.forward)
+            bound = self.forward_signature.bind(*args, **kwargs)
         except (TypeError, ValueError):
             return None
         return None if bound.kwargs else tuple(bound.args)
