@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -119,11 +120,7 @@ def optimize(
         inputs = capture.check_inputs(module, example_inputs)
         gm, report = capture_and_optimize(module, inputs, cfg)
         if report.capture == "export":
-
-            def recapture(source: nn.Module, args: tuple[Any, ...]) -> Any:
-                return _recapture(source, args, cfg)
-
-            specialize(gm, module, inputs, recapture)
+            specialize(gm, module, inputs, functools.partial(_recapture, cfg=cfg))
             report.specializations = getattr(gm, GUARD).reasons
     report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]

@@ -157,6 +157,12 @@ class SpecializedGraphModule(fx.GraphModule):
             return specialize_with(res, guard)
         return res
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickling (``torch.save(gm)``) keeps the guard: GraphModule's own reduce rebuilds a plain
+        GraphModule from the code and drops attributes the graph does not use."""
+        fn, args = super().__reduce__()
+        return (_unpickle, (fn, args))
+
     @property
     def optimus_specializations(self) -> dict[Any, Callable[..., Any]]:
         """The graphs optimized after the first one, keyed by (modes, input signature)."""
@@ -170,6 +176,12 @@ def specialize(
     """Turn ``gm`` (captured from ``source`` on ``inputs``) into a :class:`SpecializedGraphModule`
     in place (same object, attributes and parameters) and return it."""
     return specialize_with(gm, CallGuard(source, inputs, recapture))
+
+
+def _unpickle(fn: Callable[..., fx.GraphModule], args: tuple[Any, ...]) -> fx.GraphModule:
+    gm = fn(*args)
+    guard = args[0].get(GUARD) if args and isinstance(args[0], dict) else None
+    return specialize_with(gm, guard) if isinstance(guard, CallGuard) else gm
 
 
 def specialize_with(gm: fx.GraphModule, guard: CallGuard) -> fx.GraphModule:

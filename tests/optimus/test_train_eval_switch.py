@@ -134,3 +134,16 @@ def test_graph_break_path_follows_the_mode() -> None:
     ref.eval()
     assert not model.training
     _same_step(gm, model, ref, x)
+
+
+def test_a_deep_copy_keeps_checking_the_mode() -> None:
+    """``copy.deepcopy(gm)`` comes with its own copy of the original module: ``eval()`` on the
+    copy switches the copy only, and the copy follows it."""
+    import copy
+
+    model, ref, x, gm = _pair("default")
+    twin = copy.deepcopy(gm)
+    twin.eval()
+    ref.eval()
+    assert model.training  # the original is untouched
+    torch.testing.assert_close(twin(x), ref(x))
