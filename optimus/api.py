@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from . import capture, driver
+from . import caller_state, capture, driver
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .cost import CostModel
@@ -18,6 +19,7 @@ from .layout_relayout import OWNED_FLAG
 from .meta import record, value_meta
 from .normalize import lower_modules
 from .report import OptimusReport
+from .specialized import GUARD, specialize
 from .verify import Verifier
 
 log = logging.getLogger("optimus")
@@ -88,66 +90,117 @@ def optimize(
     The result computes the same outputs as ``module`` and its gradients land on ``module``'s own
     parameters. ``result.optimus_report`` says what fired. See :class:`OptimusConfig` for options
     (``rules``/``cost_model``/``verify`` here override the config's).
+
+    ``optimize`` leaves the caller's world as it found it (the example inputs, every buffer and
+    parameter, submodule attributes, the RNG state; see :mod:`optimus.caller_state`). On the
+    export path the result checks each call against the inputs and train/eval mode it was
+    captured for, and re-optimizes for a call that differs (see :mod:`optimus.specialized`).
     """
     cfg = make_config(rules, cost_model, verify, config)
     start = time.perf_counter()
     if isinstance(module, fx.GraphModule):
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-        gm = capture.copy_graph_module(module)
-        if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
-            try:
-                record(gm, inputs)
-            except Exception as exc:
-                raise ValueError(
-                    f"example_inputs do not match the GraphModule: {type(exc).__name__}: {exc}"
-                ) from exc
-        setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
-        report = optimize_graph_module(gm, cfg, inputs if cfg.verify else None)
+        with caller_state.preserved(module) as state:
+            gm = capture.copy_graph_module(module)
+            if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
+                try:
+                    record(gm, inputs)
+                except Exception as exc:
+                    raise ValueError(
+                        f"example_inputs do not match the GraphModule: {type(exc).__name__}: {exc}"
+                    ) from exc
+            setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
+            if cfg.verify:
+                state.protect_parameters()  # verify runs the graph for real
+            report = optimize_graph_module(gm, cfg, caller_state.clone_inputs(inputs) if cfg.verify else None)
         report.capture = "graph"
+        report.capture_reason = "the module is already a GraphModule: its graph was optimized as given"
+        report.graphs = 1
     else:
         inputs = capture.check_inputs(module, example_inputs)
+        gm, report = capture_and_optimize(module, inputs, cfg)
+        if report.capture == "export":
+            specialize(gm, module, inputs, functools.partial(_recapture, cfg=cfg))
+            report.specializations = getattr(gm, GUARD).reasons
+    report.capture_seconds = time.perf_counter() - start - report.seconds
+    gm.optimus_report = report  # type: ignore[assignment]
+    return gm
+
+
+def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> fx.GraphModule:
+    """Another graph of ``module`` for a call the first one was not specialized to."""
+    start = time.perf_counter()
+    with torch.inference_mode(False), torch.enable_grad():  # as optimize() itself would run
+        gm, report = capture_and_optimize(module, args, cfg)
+    report.capture_seconds = time.perf_counter() - start - report.seconds
+    gm.optimus_report = report  # type: ignore[assignment]
+    return gm
+
+
+def capture_and_optimize(
+    module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig
+) -> tuple[fx.GraphModule, OptimusReport]:
+    """One graph of ``module`` for ``inputs`` (whole-graph export, else Dynamo subgraphs),
+    optimized; the module's state, the inputs and the RNG are as they were afterwards."""
+    with caller_state.preserved(module) as state:
+        clones = caller_state.clone_inputs(inputs)
         try:
-            gm = capture.export(module, inputs)
-            use_flat_codegen(gm)  # skip pytree (un)flattening per call where the specs are flat
-            mode = "export"
+            gm = capture.export(module, clones)
         except Exception as exc:
             log.info(
                 "optimus: whole-graph export failed (%s: %s); optimizing Dynamo subgraphs",
                 type(exc).__name__,
                 str(exc).splitlines()[0] if str(exc) else "",
             )
-            gm, report = _optimize_subgraphs(module, inputs, cfg, exc)
-            gm.optimus_report = report  # type: ignore[assignment]
-            report.capture_seconds = time.perf_counter() - start - report.seconds
-            return gm
-        flat_inputs = [x for x in torch.utils._pytree.tree_flatten(inputs)[0]]
+            return _optimize_subgraphs(module, inputs, cfg, exc, state)
+        use_flat_codegen(gm)  # skip pytree (un)flattening per call where the specs are flat
+        flat_inputs = list(torch.utils._pytree.tree_flatten(clones)[0])
         setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
+        if cfg.verify:
+            state.protect_parameters()  # verify runs the graph for real
         report = optimize_graph_module(gm, cfg, flat_inputs if cfg.verify else None)
-        report.capture = mode
-        if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):
-            report.notes.append("verify inputs did not line up with the exported graph's inputs")
+    report.capture = "export"
+    report.capture_reason = "torch._dynamo.export captured forward as one graph"
+    if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):
+        report.notes.append("verify inputs did not line up with the exported graph's inputs")
     report.graphs = 1
-    report.capture_seconds = time.perf_counter() - start - report.seconds
-    gm.optimus_report = report  # type: ignore[assignment]
-    return gm
+    return gm, report
 
 
 def _optimize_subgraphs(
-    module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig, reason: Exception
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    cfg: OptimusConfig,
+    reason: Exception,
+    state: caller_state.CallerState,
 ) -> tuple[fx.GraphModule, OptimusReport]:
     total = OptimusReport(capture="dynamo-subgraphs", stop_reason="saturated", graphs=0)
+    side_effects = isinstance(reason, capture.SideEffectsInForward)
+    why = str(reason) if side_effects else f"{type(reason).__name__}: {_first_line(reason)}"
+    total.capture_reason = (
+        f"whole-graph export failed ({why}); torch.compile(module, backend=<optimus, eager>) "
+        "optimizes each Dynamo graph and runs the rest as Python, every call"
+    )
     total.notes.append(f"whole-graph export failed ({type(reason).__name__}); optimized each Dynamo graph")
 
     def backend(sub: fx.GraphModule, example: list[Any]) -> Any:
-        one = optimize_graph_module(sub, cfg, example if cfg.verify else None)
+        with caller_state.preserved(None):  # verify seeds the RNG
+            one = optimize_graph_module(sub, cfg, example if cfg.verify else None)
         one.graphs = 1
         total.merge(one)
         return sub.forward
 
     compiled = torch.compile(module, backend=backend, dynamic=False)
+    if side_effects:
+        total.notes.append(
+            "forward has Python side effects: they run at every call (Dynamo replays them); compiling "
+            "ran them once inside optimize(), on copies of the inputs (module attributes restored)"
+        )
+    state.protect_parameters()  # compiling runs the model for real
     try:
-        compiled(*inputs)  # compile now (grad mode on: the training graph is the common one)
+        compiled(*caller_state.clone_inputs(inputs))  # compile now (grad mode on: the common graph)
     except Exception as exc:  # Dynamo cannot run this model at all: hand back the model itself
+        _check_runs_eagerly(module, inputs)
         log.warning(
             "optimus: Dynamo could not capture %s (%s: %s); returned unchanged",
             type(module).__name__,
@@ -155,6 +208,22 @@ def _optimize_subgraphs(
             exc,
         )
         unchanged = OptimusReport(capture="none", stop_reason="unchanged", graphs=0)
+        unchanged.capture_reason = f"Dynamo could not capture the model ({type(exc).__name__}): it runs as is"
         unchanged.notes.append(f"unchanged: Dynamo could not capture the model ({type(exc).__name__}: {exc})")
         return capture.wrap_compiled(module, len(inputs)), unchanged
     return capture.wrap_compiled(compiled, len(inputs)), total
+
+
+def _check_runs_eagerly(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+    """ValueError if ``module`` cannot run ``inputs`` even eagerly (the inputs are wrong)."""
+    try:
+        with torch.no_grad():
+            module(*caller_state.clone_inputs(inputs))
+    except Exception as exc:
+        raise ValueError(
+            f"example_inputs do not match {type(module).__name__}: running it raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""

@@ -46,8 +46,11 @@ def backend(config: OptimusConfig | None = None, inner: Any = None) -> Any:
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
         from .api import optimize_graph_module
 
+        # (verify=True seeds the RNG to compare graphs: Dynamo restores the RNG state around
+        # compilation, so the caller's stream does not see it)
         report = optimize_graph_module(gm, cfg, example_inputs if cfg.verify else None)
         report.capture = "backend"
+        report.capture_reason = "a Dynamo graph handed to the optimus torch.compile backend"
         report.graphs = 1
         gm.optimus_report = report  # type: ignore[assignment]
         _remember(report)
@@ -83,6 +86,7 @@ class OptimusPreGradPass(CustomGraphPass):
             gm = fx.GraphModule(torch.nn.Module(), graph)
         report = optimize_graph_module(gm, self.config, None)
         report.capture = "pre_grad"
+        report.capture_reason = "Inductor's pre-grad graph (pre_grad_custom_pass)"
         report.graphs = 1
         _remember(report)
 

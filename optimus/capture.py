@@ -6,8 +6,9 @@ Strategy, in order:
 2. ``torch._dynamo.export``: one whole graph of torch-level ops. Python loops over ``split``
    outputs, list comprehensions and ``nn.ModuleList`` are unrolled; parameters are ``get_attr``
    nodes reading the module's *own* parameters, so gradients land on them;
-3. if export fails (a graph break, or an input Dynamo cannot export, e.g. a torchrec
-   ``KeyedJaggedTensor``): ``torch.compile(module, backend=<optimus, eager>)``. Dynamo splits the
+3. if export fails (a graph break, an input Dynamo cannot export, e.g. a torchrec
+   ``KeyedJaggedTensor``, or Python side effects in ``forward``, which a graph would drop: see
+   :func:`export`): ``torch.compile(module, backend=<optimus, eager>)``. Dynamo splits the
    model into graphs at the breaks; each graph is optimized and run eagerly (no Inductor), and the
    rest runs as Python. The returned ``GraphModule`` has one ``call_module`` node calling that
    compiled module; ``optimus_report`` aggregates every graph (``report.graphs``).
@@ -45,13 +46,9 @@ def check_inputs(module: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
         raise ValueError(f"example_inputs do not match {type(module).__name__}.forward: {exc}") from exc
     except ValueError:
         pass  # no introspectable signature
-    try:
-        with torch.no_grad():
-            module(*inputs)
-    except Exception as exc:
-        raise ValueError(
-            f"example_inputs do not match {type(module).__name__}: running it raised {type(exc).__name__}: {exc}"
-        ) from exc
+    # Not run here: running forward would be a side effect of optimize() (see caller_state.py).
+    # Inputs that bind but do not fit make both captures fail; api.py then runs the module
+    # eagerly on copies and raises the ValueError.
     return inputs
 
 
@@ -69,10 +66,38 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy_graph(gm.graph))
 
 
+class SideEffectsInForward(RuntimeError):
+    """``forward`` has Python side effects (an attribute assignment, a list append, a global):
+    an exported graph would drop them at every call, so the export path is not taken."""
+
+
+_SIDE_EFFECTS_MESSAGE = "side effects happened in the model.forward"
+
+
 def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:
-    """One whole Dynamo graph (raises if there is a graph break or an unexportable input)."""
-    with static_shape_guards_skipped():
-        gm, _guards = torch._dynamo.export(module, aten_graph=False, assume_static_by_default=True)(*inputs)
+    """One whole Dynamo graph (raises if there is a graph break or an unexportable input, and
+    :class:`SideEffectsInForward` if ``forward`` has Python side effects).
+
+    Side effects: an exported graph is tensor ops only; Dynamo replays a forward's Python side
+    effects (``self.last = y``, ``self.log.append(1)``) in bytecode around the graph, which
+    export runs once, on FakeTensors, and then drops. ``side_effect_replay_policy="error"``
+    makes Dynamo raise at that point instead, before anything runs, naming the mutated objects.
+    """
+    try:
+        with static_shape_guards_skipped(), torch._dynamo.config.patch(side_effect_replay_policy="error"):
+            gm, _guards = torch._dynamo.export(module, aten_graph=False, assume_static_by_default=True)(
+                *inputs
+            )
+    except Exception as exc:
+        text = str(exc)
+        if _SIDE_EFFECTS_MESSAGE in text:
+            sources = (
+                text[text.find("check:") + len("check:") :].strip().splitlines()[0]
+                if "check:" in text
+                else ""
+            )
+            raise SideEffectsInForward(f"forward has Python side effects: {sources}".strip()) from exc
+        raise
     return gm
 
 

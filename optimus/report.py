@@ -25,6 +25,10 @@ class OptimusReport:
     capture: str = ""  # "export" | "graph" | "dynamo-subgraphs" | "pre_grad" | "backend"
     notes: list[str] = field(default_factory=list)
     capture_seconds: float = 0.0  # Dynamo capture (export / compile of the subgraphs)
+    capture_reason: str = ""  # why this capture path ran (e.g. what made whole-graph export fail)
+    # one line per graph optimize()'s result re-optimized after the first, at a call that did
+    # not match it (another input shape or scalar, or a train/eval switch); see specialized.py
+    specializations: list[str] = field(default_factory=list)
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n

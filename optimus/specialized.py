@@ -1,0 +1,191 @@
+"""The GraphModule ``optimize()`` returns on the export path: it checks, per call, that the graph
+it runs was captured for this call's inputs and for the model's current train/eval mode.
+
+WHY: an exported graph is specialized (see :mod:`optimus.call_signature`): a call with another
+batch size, another Python scalar, or after ``model.eval()`` must not reuse it silently. On a
+call that does not match, the module re-captures and re-optimizes the *original* module for
+the new inputs and mode (as torch.compile recompiles), keeps that graph for the next such call,
+and logs why (logger ``optimus``). At most :data:`MAX_SPECIALIZATIONS` graphs are kept; past
+that, calls that match none of them run the original module eagerly (always correct, never
+silently wrong), with a warning once.
+
+``gm.train(mode)`` / ``gm.eval()`` also set the original module's mode: the mode that selects
+the graph is the original module's (``gm`` shares its parameters and submodules' state).
+The first graph is ``gm.graph``; the others are in ``gm.optimus_specializations``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from .call_signature import InputSignature, forward_names, mode_sensitive_modules, modes
+
+log = logging.getLogger("optimus")
+
+GUARD = "_optimus_guard"
+MAX_SPECIALIZATIONS = 8  # graphs kept per optimize() call, the first included (torch.compile: 8)
+
+Recapture = Callable[[nn.Module, tuple[Any, ...]], Callable[..., Any]]
+
+
+class CallGuard:
+    """What one GraphModule was specialized to, and the other graphs made since."""
+
+    def __init__(self, source: nn.Module, inputs: tuple[Any, ...], recapture: Recapture) -> None:
+        self.source = source
+        self.sensitive = mode_sensitive_modules(source)
+        self.modes = modes(self.sensitive)
+        self.names = forward_names(source)
+        self.signature = InputSignature(inputs, self.names)
+        self.recapture = recapture
+        self.variants: dict[Any, Callable[..., Any]] = {}
+        self.reasons: list[str] = []
+        self.warned = False
+        self.forward_signature: inspect.Signature | None = None  # made at the first keyword call
+
+    def matches(self, args: tuple[Any, ...]) -> bool:
+        return self.modes == modes(self.sensitive) and self.signature.matches(args)
+
+    def why(self, key_modes: tuple[bool, ...], signature: InputSignature) -> str:
+        if key_modes != self.modes:
+            changed = [
+                f"{type(m).__name__}.training={m.training}"
+                for m, was in zip(self.sensitive, self.modes, strict=True)
+                if m.training != was
+            ]
+            return f"train/eval mode changed ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''})"
+        return self.signature.difference(signature)
+
+    def dispatch(self, own: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The slow path: another graph for this call (made now if new), or the eager module."""
+        now = modes(self.sensitive)
+        signature = InputSignature(args, self.names)
+        key = (now, signature.key)
+        if key == (self.modes, self.signature.key):
+            return own(*args)
+        graph = self.variants.get(key)
+        if graph is None:
+            reason = self.why(now, signature)
+            if len(self.variants) + 1 >= MAX_SPECIALIZATIONS:
+                if not self.warned:
+                    self.warned = True
+                    warnings.warn(
+                        f"optimus: this module {reason}, and {MAX_SPECIALIZATIONS} graphs were already "
+                        "optimized for it; running the original module eagerly for such calls. Call "
+                        "optimus.optimize again with inputs of the shape you use.",
+                        stacklevel=3,
+                    )
+                return self.source(*args)
+            log.info("optimus: %s; re-optimizing the original module for this call", reason)
+            graph = self.recapture(self.source, args)
+            self.variants[key] = graph
+            self.reasons.append(reason)
+        return graph(*args)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Keyword arguments as positional ones (None if they cannot be)."""
+        try:
+            if self.forward_signature is None:
+                self.forward_signature = inspect.signature(self.source.forward)
+            bound = self.forward_signature.bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return None
+        return None if bound.kwargs else tuple(bound.args)
+
+
+# Under torch.compile, Dynamo traces __call__'s check (it becomes guards); a call that does not
+# match re-optimizes outside the compiled graph (a graph break; an error under fullgraph=True).
+_dispatch = torch.compiler.disable(
+    CallGuard.dispatch,
+    reason=(
+        "optimus: this optimized module was called with inputs or a train/eval mode its graph was "
+        "not captured for, and re-optimizes outside torch.compile; call optimus.optimize again "
+        "for them, or compile without fullgraph=True"
+    ),
+)
+
+
+class SpecializedGraphModule(fx.GraphModule):
+    """A GraphModule whose calls are checked against what its graph was specialized to."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        guard: CallGuard | None = self.__dict__.get(GUARD)
+        if guard is None:
+            return super().__call__(*args, **kwargs)
+        if kwargs:
+            bound = guard.bind(args, kwargs)
+            if bound is None:
+                return super().__call__(*args, **kwargs)
+            args = bound
+        if guard.matches(args):
+            return super().__call__(*args)
+        return _dispatch(guard, super().__call__, args)
+
+    def train(self, mode: bool = True) -> SpecializedGraphModule:
+        """Set this module's mode and the original module's (whose mode selects the graph)."""
+        super().train(mode)
+        guard: CallGuard | None = self.__dict__.get(GUARD)
+        if guard is not None and not getattr(guard, "_in_train", False):
+            guard._in_train = True  # type: ignore[attr-defined]
+            try:
+                guard.source.train(mode)
+            finally:
+                guard._in_train = False  # type: ignore[attr-defined]
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> fx.GraphModule:
+        """A copy that keeps checking its calls (GraphModule's own copy drops unknown attributes);
+        the guard's original module is copied along with the parameters it shares (one memo)."""
+        res = super().__deepcopy__(memo)
+        guard = self.__dict__.get(GUARD)
+        if guard is not None:
+            object.__setattr__(res, GUARD, copy.deepcopy(guard, memo))
+        return res
+
+    def __copy__(self) -> fx.GraphModule:
+        res = super().__copy__()
+        guard = self.__dict__.get(GUARD)
+        if guard is not None:
+            return specialize_with(res, guard)
+        return res
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickling (``torch.save(gm)``) keeps the guard: GraphModule's own reduce rebuilds a plain
+        GraphModule from the code and drops attributes the graph does not use."""
+        fn, args = super().__reduce__()
+        return (_unpickle, (fn, args))
+
+    @property
+    def optimus_specializations(self) -> dict[Any, Callable[..., Any]]:
+        """The graphs optimized after the first one, keyed by (modes, input signature)."""
+        guard: CallGuard | None = self.__dict__.get(GUARD)
+        return dict(guard.variants) if guard is not None else {}
+
+
+def specialize(
+    gm: fx.GraphModule, source: nn.Module, inputs: tuple[Any, ...], recapture: Recapture
+) -> fx.GraphModule:
+    """Turn ``gm`` (captured from ``source`` on ``inputs``) into a :class:`SpecializedGraphModule`
+    in place (same object, attributes and parameters) and return it."""
+    return specialize_with(gm, CallGuard(source, inputs, recapture))
+
+
+def _unpickle(fn: Callable[..., fx.GraphModule], args: tuple[Any, ...]) -> fx.GraphModule:
+    gm = fn(*args)
+    guard = args[0].get(GUARD) if args and isinstance(args[0], dict) else None
+    return specialize_with(gm, guard) if isinstance(guard, CallGuard) else gm
+
+
+def specialize_with(gm: fx.GraphModule, guard: CallGuard) -> fx.GraphModule:
+    gm.__class__ = type("GraphModuleImpl", (SpecializedGraphModule,), {})
+    object.__setattr__(gm, GUARD, guard)
+    gm.recompile()
+    return gm
