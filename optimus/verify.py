@@ -31,23 +31,30 @@ def tolerance(
     return (base[0] if rtol is None else rtol, base[1] if atol is None else atol)
 
 
-def _clone(value: Any) -> Any:
+def _clone(value: Any) -> tuple[Any, torch.Tensor | None]:
+    """A fresh copy of one input, and the leaf that gradients are taken against (None: none).
+
+    A float input is passed as a non-leaf copy of a grad-requiring leaf, so a model that writes
+    its input in place (``x.add_(1)``) runs as it does for the caller instead of raising on "a leaf
+    Variable that requires grad is used in an in-place operation"."""
+    if isinstance(value, torch.nn.Parameter):
+        return value, None  # parameters passed as graph inputs (Dynamo backend graphs): use as is
     if isinstance(value, torch.Tensor):
-        clone = value.detach().clone()
-        if value.is_floating_point() and not isinstance(value, torch.nn.Parameter):
-            clone.requires_grad_(True)
-        elif isinstance(value, torch.nn.Parameter):
-            return value  # parameters passed as graph inputs (Dynamo backend graphs): use as is
-        return clone
-    return value
+        if value.is_floating_point():
+            leaf = value.detach().clone().requires_grad_(True)
+            return leaf.clone(), leaf
+        return value.detach().clone(), None
+    return value, None
 
 
 def run_with_grads(
     gm: fx.GraphModule, inputs: Sequence[Any], seed: int
 ) -> tuple[list[torch.Tensor], list[Any]]:
     """Outputs and gradients (w.r.t. float inputs and parameters) of a seeded forward/backward."""
-    args = [_clone(x) for x in inputs]
-    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    cloned = [_clone(x) for x in inputs]
+    args = [arg for arg, _leaf in cloned]
+    leaves = [leaf for _arg, leaf in cloned if leaf is not None]
+    leaves += [a for a in args if isinstance(a, torch.nn.Parameter) and a.requires_grad]
     leaves += [p for p in gm.parameters() if p.requires_grad and all(p is not a for a in leaves)]
     torch.manual_seed(seed)
     with torch.enable_grad():

@@ -53,3 +53,24 @@ def test_rejected_rewrite_leaves_the_graph_code_identical(monkeypatch: pytest.Mo
     assert gm.code == before
     for a, b in zip(gm(*xs), LateInput()(*xs), strict=True):
         torch.testing.assert_close(a, b)
+
+
+class WritesItsInput(nn.Module):
+    """Four parallel tanh towers, then an in-place write to the caller's input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [torch.tanh(p) for p in x.split(4, dim=1)]
+        x.add_(1.0)
+        return torch.cat(outs, dim=1) * 2
+
+
+def test_verify_runs_a_model_that_writes_its_input_in_place() -> None:
+    x = torch.randn(8, 16)
+    expected_x = x.clone() + 1.0
+    reference = WritesItsInput()(x.clone())
+    gm = optimus.optimize(WritesItsInput(), (x.clone(),), verify=True, cost_model=LAUNCH_BOUND)
+    assert not gm.optimus_report.rolled_back
+    assert not any("failed" in note for note in gm.optimus_report.notes), gm.optimus_report.notes
+    got_x = x.clone()
+    torch.testing.assert_close(gm(got_x), reference)
+    torch.testing.assert_close(got_x, expected_x)
