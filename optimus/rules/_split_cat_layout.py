@@ -29,6 +29,7 @@ from torch import fx
 
 from ..effects import mutated_args
 from ..meta import TensorMeta
+from .base import Cost
 
 if TYPE_CHECKING:
     from ..context import RewriteContext
@@ -201,6 +202,19 @@ def observed_level(node: fx.Node, ctx: RewriteContext) -> int:
     if node not in ctx.index.pos:
         return EXACT  # made this round: not indexed, assume the worst
     return _levels(ctx).get(node, NONE)
+
+
+def copies_if_strided(nodes: Any, ctx: RewriteContext) -> Cost:
+    """What ``.contiguous()`` copies of the members whose exact strides are observed cost: the
+    price of handing back a strided piece of a batched result (see ``rules.base.keep_layouts``)."""
+    from ..meta import tensor_meta
+
+    total = Cost()
+    for node in nodes:
+        if observed_level(node, ctx) == EXACT:
+            meta = tensor_meta(node)
+            total = total + Cost(launches=1.0, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
+    return total
 
 
 def stride_sensitive(node: fx.Node, ctx: RewriteContext) -> bool:

@@ -8,7 +8,10 @@ batch view (that made CPU baddbmm several times slower).
 Shared inputs: when every distinct input feeds the same number k >= 2 of the linears (a tower's
 first layer and its gate both read the feature), the G' = G / k distinct inputs are stacked once
 and the k weights of each input are laid side by side, [G', K, k*N]: one baddbmm reads each input
-once, and the k outputs of input i are views ``out[i, :, j*N:(j+1)*N]``. Stacking every input k
+once, and the k outputs of input i are views ``out[i, :, j*N:(j+1)*N]``: column slices, where
+eager returns contiguous tensors. A pointwise consumer cannot tell (its result is contiguous
+either way); where a consumer can (a graph output, ``view``, ``as_strided``, an unknown op) the
+piece gets a ``.contiguous()`` copy, priced here (see ``rules.base.keep_layouts``). Stacking every input k
 times instead (the plain form) copied each input k times, and batching the k roles separately
 downstream re-stacked the outputs (two more copies of [G', B, N] on the towers model).
 """
@@ -23,6 +26,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._split_cat_layout import copies_if_strided
 from .base import Cost, HorizontalRule
 
 
@@ -84,6 +88,9 @@ class BatchLinear(HorizontalRule):
             stack_bytes = ctx.stack_bytes([r[0] for r in roles])
             layout_bytes += 2.0 * g * w.nbytes
             layout_launches += 1
+            fix = copies_if_strided(nodes, ctx)  # outputs are column slices: a copy where seen
+            layout_bytes += fix.bytes
+            layout_launches += fix.launches
         if has_bias:
             biases = [c["bias"] for c in canons]
             layout_bytes += ctx.layout.bytes_moved(biases, ctx)

@@ -79,10 +79,11 @@ def _norm_stride(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(0 if size == 1 else stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
-def _meta_stride(meta: TensorMeta) -> tuple[int, ...] | None:
-    if meta.stride is None:
+def _meta_stride(meta: Any) -> tuple[int, ...] | None:
+    stride = getattr(meta, "stride", None)
+    if stride is None:
         return None
-    return tuple(0 if size == 1 else s for size, s in zip(meta.shape, meta.stride, strict=True))
+    return tuple(0 if size == 1 else s for size, s in zip(meta.shape, stride, strict=True))
 
 
 def assert_meta_matches(
