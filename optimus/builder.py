@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from .meta import value_meta
+from .meta import TensorMeta, _from_value, tensor_meta, value_meta
 
 if TYPE_CHECKING:
     from .context import RewriteContext
@@ -145,6 +145,24 @@ class Builder:
         pieces = self.call(torch.unbind, node, dim)
         pieces.meta["optimus_pieces"] = n
         return [self.getitem(pieces, i) for i in range(n)]
+
+    def stack_view_meta(self, values: Sequence[fx.Node], dim: int = 0) -> TensorMeta | None:
+        """The layout of what ``stack(values, dim)`` returns when it is a view of an existing
+        tensor (the unbound source, or a split's input unflattened); None when it is a real stack
+        (a fresh contiguous tensor) or the layout is unknown."""
+        whole = self.unstacked_source(values, dim)
+        if whole is not None:
+            return tensor_meta(whole)
+        split = self.split_source(values, dim)
+        if split is None:
+            return None
+        x, d, k = split
+        meta = tensor_meta(x)
+        if meta is None or meta.stride is None:
+            return None
+        t = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
+        found = _from_value(t.unflatten(d, (len(values), k)).movedim(d, 0))
+        return found if isinstance(found, TensorMeta) else None
 
     def stacked_params(self, params: Sequence[fx.Node], transpose: bool = False) -> fx.Node:
         return self.ctx.layout.stacked(params, self, transpose)

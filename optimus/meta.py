@@ -1,10 +1,16 @@
-"""Shapes and dtypes of graph values, read from whatever the capture left and kept right for new nodes.
+"""Shapes, dtypes and strides of graph values, read from whatever the capture left and kept right for new nodes.
 
 WHY: rules group nodes by shape/dtype, and the cost model needs sizes. Dynamo leaves FakeTensors in
 ``node.meta["example_value"]``, export leaves ``"val"``, ShapeProp leaves ``"tensor_meta"``; nodes a
 rewrite creates have none. ``tensor_meta`` reads all of them; ``propagate`` computes a new node's
 meta by running its target on ``meta``-device tensors (no data, microseconds), and stores it under
 ``node.meta["optimus_meta"]``.
+
+Strides are recorded too (``TensorMeta.stride``; None when symbolic or unknown): a rewrite must hand
+back values with the layout eager produced (see docs/optimus.md, "Layouts and aliasing of
+rewritten values"), and the rules read it to decide whether a fused result needs a copy. Meta
+tensors compute strides exactly as the real kernels do for the ops fused forms build (views,
+stack, bmm, pointwise), so a propagated stride is the stride that runs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,17 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    stride: tuple[int, ...] | None = None  # None: not known (symbolic, or recorded without it)
+
+    @property
+    def is_contiguous(self) -> bool | None:
+        """Row-major dense, as ``Tensor.is_contiguous()`` says (size-1 dims ignored); None if the
+        stride is unknown."""
+        if self.stride is None:
+            return None
+        if 0 in self.shape:
+            return True
+        return self.stride == contiguous_stride(self.shape, self.stride)
 
     @property
     def numel(self) -> int:
@@ -35,19 +52,40 @@ class TensorMeta:
         return self.numel * self.dtype.itemsize
 
 
+def contiguous_stride(shape: tuple[int, ...], like: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Row-major strides of ``shape``; where a dim has size 1 (any stride is contiguous there),
+    ``like``'s stride is kept so the result compares equal to a contiguous ``like``."""
+    out: list[int] = []
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        out.append(like[i] if like is not None and shape[i] == 1 else acc)
+        acc *= max(shape[i], 1)
+    return tuple(reversed(out))
+
+
+def _stride_of(value: torch.Tensor) -> tuple[int, ...] | None:
+    try:
+        stride = tuple(value.stride())
+    except Exception:  # sparse or other layouts without strides
+        return None
+    return tuple(int(s) for s in stride) if all(isinstance(s, int) for s in stride) else None
+
+
 def _from_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
         if not all(isinstance(d, int) for d in shape):
             return None  # symbolic shape: rules decline rather than guess
-        return TensorMeta(tuple(int(d) for d in shape), value.dtype, value.device)
+        return TensorMeta(tuple(int(d) for d in shape), value.dtype, value.device, _stride_of(value))
     if isinstance(value, (list, tuple)):
         return tuple(_from_value(v) for v in value)
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # fx TensorMetadata
         shape = tuple(value.shape)
         if not all(isinstance(d, int) for d in shape):
             return None
-        return TensorMeta(shape, value.dtype, torch.device("cpu"))
+        stride = getattr(value, "stride", None)
+        known = isinstance(stride, tuple) and all(isinstance(v, int) for v in stride)
+        return TensorMeta(shape, value.dtype, torch.device("cpu"), stride if known else None)
     return None
 
 
@@ -88,6 +126,8 @@ def _fetch_attr(node: fx.Node) -> Any:
 
 def _to_meta_tensor(meta: Any) -> Any:
     if isinstance(meta, TensorMeta):
+        if meta.stride is not None:
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
         return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
     if isinstance(meta, tuple):
         return tuple(_to_meta_tensor(m) for m in meta)
@@ -96,7 +136,7 @@ def _to_meta_tensor(meta: Any) -> Any:
 
 def _with_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(int(d) for d in value.shape), value.dtype, device)
+        return TensorMeta(tuple(int(d) for d in value.shape), value.dtype, device, _stride_of(value))
     if isinstance(value, (list, tuple)):
         return tuple(_with_device(v, device) for v in value)
     return None
@@ -115,13 +155,15 @@ def _fast_shape(node: fx.Node) -> Any:
         first = metas[0]
         if any(m.shape != first.shape or m.dtype != first.dtype for m in metas):
             return None
-        return TensorMeta((len(metas), *first.shape), first.dtype, first.device)
+        shape = (len(metas), *first.shape)
+        return TensorMeta(shape, first.dtype, first.device, contiguous_stride(shape))  # a fresh tensor
     if node.target is torch.unbind and isinstance(node.args[0], fx.Node):
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
         whole = value_meta(node.args[0])
         if not isinstance(whole, TensorMeta) or dim != 0 or not whole.shape:
             return None
-        piece = TensorMeta(whole.shape[1:], whole.dtype, whole.device)
+        stride = whole.stride[1:] if whole.stride is not None else None  # views of ``whole``
+        piece = TensorMeta(whole.shape[1:], whole.dtype, whole.device, stride)
         return tuple(piece for _ in range(whole.shape[0]))
     return None
 

@@ -9,17 +9,27 @@ reachable downstream, or when the recorded strides of old and new values are kno
 Likewise cat/stack promote mixed input dtypes, so ``split(cat(xs))[j] -> xs[j]`` needs every
 input to have the output's dtype.
 
-Graph outputs are not treated as stride-sensitive (a caller calling ``.view`` on a returned
-strided tensor is the remaining risk, noted in the family's report).
+What counts as observing a layout (``stride_sensitive``): a graph output (the caller may call
+``.view``), a stride-reading op (``view``, ``as_strided``, ``stride``, ...), an in-place op (it
+writes through the layout), and any op the engine does not know; ops that carry their input's
+layout forward (pointwise, views, reductions) pass the question on to their users; ops that
+always return a fresh contiguous tensor (linear, matmul, cat, stack, ``contiguous``) end it.
+Horizontal rules ask the same question (``layout_observed``) before handing back a batched
+result's strided piece, and add a ``.contiguous()`` copy only where the answer is yes.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
+
+from ..effects import mutated_args
+from ..meta import TensorMeta
+from .base import Cost
 
 if TYPE_CHECKING:
     from ..context import RewriteContext
@@ -36,7 +46,77 @@ _BARRIER_FUNCTIONS: frozenset[Any] = frozenset(
     {torch.bmm, torch.baddbmm, torch.mm, torch.matmul, torch.addmm}
 )
 
-_CACHE: weakref.WeakKeyDictionary[Any, set[fx.Node]] = weakref.WeakKeyDictionary()
+# ops the engine has no canonical form for but whose output layout follows their input's (or is
+# fresh): their users decide. Anything else unknown is assumed to observe the layout.
+_PROPAGATING_FUNCTIONS: frozenset[Any] = frozenset(
+    {
+        torch.sum,
+        torch.mean,
+        torch.amax,
+        torch.amin,
+        torch.softmax,
+        torch.log_softmax,
+        torch.nn.functional.softmax,
+        torch.nn.functional.log_softmax,
+        torch.where,
+        torch.clone,
+        torch.narrow,
+        torch.select,
+        torch.movedim,
+        torch.unflatten,
+        torch.squeeze,
+        torch.unsqueeze,
+        torch.t,
+        torch.detach,
+        torch.masked_fill,
+    }
+)
+_PROPAGATING_METHODS = frozenset(
+    {
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "softmax",
+        "log_softmax",
+        "clone",
+        "narrow",
+        "select",
+        "movedim",
+        "unflatten",
+        "t",
+        "detach",
+        "to",
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "type_as",
+        "expand",
+        "expand_as",
+        "masked_fill",
+        "size",
+        "dim",
+        "numel",
+    }
+)
+
+# view-like ops: their output's strides are their input's strides rearranged, so an observer of
+# the output's exact strides observes the input's (pointwise ops only pass the stride order on)
+_VIEW_CANON = frozenset({"split", "chunk", "unbind", "getitem", "reshape", "view", "permute", "transpose"})
+_VIEW_CANON |= frozenset({"flatten", "unsqueeze", "squeeze", "dropout"})
+_VIEW_FUNCTIONS: frozenset[Any] = frozenset(
+    {torch.narrow, torch.select, torch.movedim, torch.unflatten, torch.squeeze, torch.unsqueeze, torch.t}
+) | frozenset({torch.detach})
+_VIEW_METHODS = frozenset(
+    {"narrow", "select", "movedim", "unflatten", "t", "detach", "to", "expand", "expand_as"}
+)
+
+EXACT = 2  # the exact strides can be observed
+ORDER = 1  # only the order of the strides (pointwise results follow it)
+NONE = 0
+
+_CACHE: weakref.WeakKeyDictionary[Any, dict[fx.Node, int]] = weakref.WeakKeyDictionary()
 
 
 def _is_sensitive_op(node: fx.Node) -> bool:
@@ -50,60 +130,171 @@ def _is_sensitive_op(node: fx.Node) -> bool:
     return False
 
 
-def _is_barrier(node: fx.Node, ctx: RewriteContext) -> bool:
-    canon = ctx.canon(node)
-    if canon is not None and canon.op in _BARRIER_CANON:
-        return True
+def _in(node: fx.Node, functions: frozenset[Any], methods: frozenset[str]) -> bool:
+    if node.op == "call_method":
+        return str(node.target) in methods
     if node.op == "call_function":
         try:
-            return node.target in _BARRIER_FUNCTIONS
+            return node.target in functions
         except TypeError:
             return False
     return False
 
 
-def _sensitive_set(ctx: RewriteContext) -> set[fx.Node]:
-    """Nodes whose layout can reach a stride-sensitive op (one reverse pass per round)."""
+def _is_barrier(node: fx.Node, ctx: RewriteContext) -> bool:
+    canon = ctx.canon(node)
+    if canon is not None and canon.op in _BARRIER_CANON:
+        return True
+    return _in(node, _BARRIER_FUNCTIONS, frozenset())
+
+
+def _is_view(node: fx.Node, ctx: RewriteContext) -> bool:
+    canon = ctx.canon(node)
+    if canon is not None:
+        return canon.op in _VIEW_CANON
+    return _in(node, _VIEW_FUNCTIONS, _VIEW_METHODS)
+
+
+def _is_known(node: fx.Node, ctx: RewriteContext) -> bool:
+    """The engine knows how this op treats its input's layout (canonical, or listed above)."""
+    if ctx.canon(node) is not None:
+        return True
+    return _in(
+        node,
+        _PROPAGATING_FUNCTIONS | _BARRIER_FUNCTIONS | _VIEW_FUNCTIONS,
+        _PROPAGATING_METHODS | _VIEW_METHODS,
+    )
+
+
+def _observes(user: fx.Node, value: fx.Node, ctx: RewriteContext) -> bool:
+    """Does ``user`` observe ``value``'s exact layout itself (not through its own users)?"""
+    if user.op == "output" or _is_sensitive_op(user):
+        return True
+    if value in mutated_args(user, ctx.canon(user)):
+        return True  # writes through the layout
+    return not _is_known(user, ctx)
+
+
+def _levels(ctx: RewriteContext) -> dict[fx.Node, int]:
+    """How much of each node's layout can be observed (one reverse pass per round)."""
     found = _CACHE.get(ctx.index)
     if found is not None:
         return found
-    sensitive: set[fx.Node] = set()
+    level: dict[fx.Node, int] = {}
     for node in reversed(ctx.index.nodes):
+        best = NONE
         for user in node.users:
-            if _is_sensitive_op(user) or (user in sensitive and not _is_barrier(user, ctx)):
-                sensitive.add(node)
+            if _observes(user, node, ctx):
+                best = EXACT
                 break
-    _CACHE[ctx.index] = sensitive
-    return sensitive
+            if _is_barrier(user, ctx):
+                continue
+            seen = level.get(user, NONE)
+            best = max(best, seen if _is_view(user, ctx) else min(seen, ORDER))
+        if best:
+            level[node] = best
+    _CACHE[ctx.index] = level
+    return level
+
+
+def observed_level(node: fx.Node, ctx: RewriteContext) -> int:
+    """EXACT, ORDER or NONE: what a consumer (or the caller) can observe of ``node``'s strides."""
+    if node not in ctx.index.pos:
+        return EXACT  # made this round: not indexed, assume the worst
+    return _levels(ctx).get(node, NONE)
+
+
+def copies_if_strided(nodes: Any, ctx: RewriteContext) -> Cost:
+    """What ``.contiguous()`` copies of the members whose exact strides are observed cost: the
+    price of handing back a strided piece of a batched result (see ``rules.base.keep_layouts``)."""
+    from ..meta import tensor_meta
+
+    total = Cost()
+    for node in nodes:
+        if observed_level(node, ctx) == EXACT:
+            meta = tensor_meta(node)
+            total = total + Cost(launches=1.0, bytes=0.0 if meta is None else 2.0 * meta.nbytes)
+    return total
 
 
 def stride_sensitive(node: fx.Node, ctx: RewriteContext) -> bool:
-    if node not in ctx.index.pos:
-        return True  # made this round: not indexed, assume the worst
-    return node in _sensitive_set(ctx)
+    return observed_level(node, ctx) != NONE
 
 
-def _strides(node: Any) -> tuple[int, ...] | None:
-    if not isinstance(node, fx.Node):
+def _norm(meta: TensorMeta) -> tuple[int, ...] | None:
+    """Strides with the (meaningless) strides of size-1 dims blanked out."""
+    if meta.stride is None:
         return None
-    for key in ("example_value", "val"):
-        value = node.meta.get(key)
-        if isinstance(value, torch.Tensor):
-            try:
-                return tuple(int(s) for s in value.stride())
-            except Exception:  # symbolic strides
-                return None
-    return None
+    return tuple(0 if size == 1 else s for size, s in zip(meta.shape, meta.stride, strict=True))
 
 
-def layout_safe(old: fx.Node, new: fx.Node | None, ctx: RewriteContext) -> bool:
-    """May ``old`` be replaced by ``new`` (None: a view built by the rewrite, layout unknown)?"""
-    if not stride_sensitive(old, ctx):
+def row_major(meta: TensorMeta) -> bool:
+    """Strides decrease along the dims (size-1 dims ignored): a pointwise op on it returns a
+    contiguous tensor, gaps or not."""
+    strides = [s for size, s in zip(meta.shape, meta.stride or (), strict=False) if size != 1]
+    return meta.stride is not None and all(a >= b for a, b in itertools.pairwise(strides))
+
+
+def compatible(eager: TensorMeta | None, new: TensorMeta | None, level: int) -> bool:
+    """May a value with layout ``new`` stand for one eager laid out as ``eager``, when ``level``
+    of its layout is observed?"""
+    if level == NONE:
+        return True
+    if eager is None or new is None or eager.stride is None or new.stride is None:
+        return False
+    if _norm(eager) == _norm(new):
+        return True
+    return level == ORDER and row_major(eager) and row_major(new)
+
+
+def layout_observed(node: fx.Node, new: TensorMeta | None, ctx: RewriteContext) -> bool:
+    """Would replacing ``node`` by a value laid out as ``new`` be observable?"""
+    from ..meta import tensor_meta
+
+    return not compatible(tensor_meta(node), new, observed_level(node, ctx))
+
+
+def layout_safe(old: fx.Node, new: fx.Node | TensorMeta | None, ctx: RewriteContext) -> bool:
+    """May ``old`` be replaced by ``new`` (a node, the layout of a value the rewrite will build,
+    see ``built_meta``, or None: layout unknown)?"""
+    from ..meta import tensor_meta
+
+    level = observed_level(old, ctx)
+    if level == NONE:
         return True
     if new is None:
         return False
-    a, b = _strides(old), _strides(new)
-    return a is not None and a == b
+    return compatible(tensor_meta(old), new if isinstance(new, TensorMeta) else tensor_meta(new), level)
+
+
+def built_meta(fn: Any, *nodes: Any) -> TensorMeta | None:
+    """The layout of ``fn(*values)`` where ``values`` are ``nodes``' recorded metas, run on the
+    meta device (the strides the real op will produce); None if a meta is unknown or fn fails."""
+    from ..meta import _from_value, tensor_meta
+
+    tensors = []
+    for node in nodes:
+        meta = tensor_meta(node) if isinstance(node, fx.Node) else None
+        if meta is None or meta.stride is None:
+            return None
+        tensors.append(torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta"))
+    try:
+        found = _from_value(fn(*tensors))
+    except Exception:
+        return None
+    return found if isinstance(found, TensorMeta) else None
+
+
+def fresh_meta(node: fx.Node) -> TensorMeta | None:
+    """The layout of a fresh contiguous tensor with ``node``'s shape (what a cat/stack makes)."""
+    from ..meta import contiguous_stride, tensor_meta
+
+    meta = tensor_meta(node)
+    return (
+        None
+        if meta is None
+        else TensorMeta(meta.shape, meta.dtype, meta.device, contiguous_stride(meta.shape))
+    )
 
 
 def same_dtypes(values: Any, like: fx.Node, ctx: RewriteContext) -> bool:

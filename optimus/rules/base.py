@@ -116,7 +116,31 @@ class HorizontalRule:
         return ctx.horizontal_candidates(self)
 
     def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
-        return self.fuse(cand.nodes, b)
+        built = self.fuse(cand.nodes, b)
+        return None if built is None else keep_layouts(cand.nodes, built, b)
+
+
+def keep_layouts(members: Sequence[fx.Node], built: Sequence[fx.Node], b: Builder) -> list[fx.Node] | None:
+    """Each fused result laid out as eager laid out the member it replaces, where a consumer can
+    tell (see ``_split_cat_layout.observed_level``): a result whose strides differ from eager's
+    contiguous ones gets a ``.contiguous()`` copy; one that would differ from a strided eager
+    layout declines the rewrite (None). Rules lay their results out right by construction and
+    price the copies they know they need; this is the check that nothing slips through."""
+    from ..meta import tensor_meta
+    from ._split_cat_layout import compatible, observed_level
+
+    out: list[fx.Node] = []
+    for member, new in zip(members, built, strict=False):
+        level = observed_level(member, b.ctx) if new is not member else 0
+        if level:
+            eager, got = tensor_meta(member), tensor_meta(new)
+            if not compatible(eager, got, level):
+                if eager is None or not eager.is_contiguous:
+                    return None
+                new = b.method("contiguous", new)
+        out.append(new)
+    out.extend(built[len(members) :])
+    return out
 
 
 class LocalRule:

@@ -8,7 +8,12 @@ batch view (that made CPU baddbmm several times slower).
 Shared inputs: when every distinct input feeds the same number k >= 2 of the linears (a tower's
 first layer and its gate both read the feature), the G' = G / k distinct inputs are stacked once
 and the k weights of each input are laid side by side, [G', K, k*N]: one baddbmm reads each input
-once, and the k outputs of input i are views ``out[i, :, j*N:(j+1)*N]``. Stacking every input k
+once, and the k outputs of input i are views ``out[i, :, j*N:(j+1)*N]``: column slices, where
+eager returns contiguous tensors. A pointwise consumer cannot tell (its result is contiguous
+either way); where a consumer can (a graph output, ``view``, ``as_strided``, an unknown op: see
+``_split_cat_layout.observed_level``) the plain form is used instead, whose [G, B, N] output
+hands every member a contiguous block (layout by construction, at the price of stacking the
+shared inputs k times). Stacking every input k
 times instead (the plain form) copied each input k times, and batching the k roles separately
 downstream re-stacked the outputs (two more copies of [G', B, N] on the towers model).
 """
@@ -23,6 +28,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._split_cat_layout import copies_if_strided
 from .base import Cost, HorizontalRule
 
 
@@ -46,7 +52,7 @@ class BatchLinear(HorizontalRule):
         x_meta, w_meta = b.ctx.meta(canons[0]["input"]), b.ctx.meta(canons[0]["weight"])
         assert x_meta is not None and w_meta is not None
         lead, (n_out, k) = x_meta.shape[:-1], w_meta.shape
-        roles = shared_input_roles(canons) if len(lead) == 1 else None
+        roles = shared_input_roles(canons) if len(lead) == 1 and not _strides_seen(nodes, b.ctx) else None
         if roles is not None:
             return _fuse_shared(canons, roles, n_out, k, b)
         x = b.stack([c["input"] for c in canons])  # [G, *lead, K]
@@ -77,7 +83,7 @@ class BatchLinear(HorizontalRule):
         weights = [c["weight"] for c in canons]
         layout_bytes = ctx.layout.bytes_moved(weights, ctx)
         layout_launches = ctx.layout.launches(weights, transpose=True)
-        roles = shared_input_roles(canons) if len(x.shape) == 2 else None
+        roles = shared_input_roles(canons) if len(x.shape) == 2 and not _strides_seen(nodes, ctx) else None
         if roles is None:
             stack_bytes = ctx.stack_bytes(inputs)
         else:  # distinct inputs stacked once; the [G', K, k*N] weight view is one small copy
@@ -94,6 +100,11 @@ class BatchLinear(HorizontalRule):
             flops=flops,
         )
         return before, after
+
+
+def _strides_seen(nodes: Sequence[fx.Node], ctx: RewriteContext) -> bool:
+    """Would a consumer see that a result is a column slice (see the module docstring)?"""
+    return copies_if_strided(nodes, ctx).launches > 0
 
 
 def shared_input_roles(canons: Sequence[Any]) -> list[tuple[fx.Node, list[int]]] | None:

@@ -22,15 +22,15 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import layout_safe, same_dtypes
+from ._split_cat_layout import built_meta, layout_safe, same_dtypes
 from ._split_cat_util import (
     SPLITS,
     ListView,
     all_movable,
     cat_view,
-    is_graph_output_alias,
     only_used_by,
     piece_of,
     pieces_of,
@@ -72,10 +72,18 @@ class CatSplit(NodeSetRule):
         for i, gs in pieces.items.items():
             j = where[i][0]
             exact = len(inside[j]) == 1
-            if any(is_graph_output_alias(g, cat.tensors[j]) for g in gs):
+            k, sizes = where[i][1], inside[j]
+            built = (
+                cat.tensors[j]
+                if exact
+                else built_meta(lambda y, s=sizes, k=k: torch.split(y, s, split.dim)[k], cat.tensors[j])
+            )
+            if any(not layout_safe(g, built, ctx) for g in gs):
                 return None
-            if any(not layout_safe(g, cat.tensors[j] if exact else None, ctx) for g in gs):
-                return None
+        if breaks_freshness(
+            [(g, cat.tensors[where[i][0]]) for i, gs in pieces.items.items() for g in gs], ctx
+        ):
+            return None  # a returned piece would share memory with an input or another output
         used = {where[i][0] for i in pieces.items}
         resplits = sum(1 for j in used if len(inside[j]) > 1)
         consumed: tuple[fx.Node, ...] = ()
@@ -103,12 +111,20 @@ class CatSplit(NodeSetRule):
             if j is None:
                 continue
             exact = piece.start == starts[j] and piece.length == widths[j]
-            if is_graph_output_alias(user, cat.tensors[j]):
+            if breaks_freshness([(user, cat.tensors[j])], ctx):
                 continue
-            if not layout_safe(user, cat.tensors[j] if exact else None, ctx):
+            off, n = piece.start - starts[j], piece.length
+            built = (
+                cat.tensors[j]
+                if exact
+                else built_meta(lambda y, o=off, n=n: y.narrow(cat.dim, o, n), cat.tensors[j])
+            )
+            if not layout_safe(user, built, ctx):
                 continue
             plan[user] = (j, piece.start - starts[j], piece.length, exact)
         if not plan or not all_movable([*cat.tensors, *plan], ctx):
+            return None
+        if breaks_freshness([(u, cat.tensors[p[0]]) for u, p in plan.items()], ctx):
             return None
         members = tuple(u for u in node.users if u in plan)  # graph order: deterministic
         narrows = sum(1 for j, off, n, exact in plan.values() if not exact)

@@ -17,6 +17,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost
 from ._split_cat_layout import layout_safe
@@ -35,7 +36,7 @@ class NoopSplitCat(NodeSetRule):
                 return None
             (only,) = cat.tensors
             if (
-                is_graph_output_alias(node, only)
+                breaks_freshness([(node, only)], ctx)
                 or not all_movable([only], ctx)
                 or not layout_safe(node, only, ctx)
             ):

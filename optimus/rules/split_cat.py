@@ -24,14 +24,14 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import layout_safe
+from ._split_cat_layout import built_meta, layout_safe
 from ._split_cat_util import (
     ListView,
     all_movable,
     cat_view,
-    is_graph_output_alias,
     only_used_by,
     piece_of,
     split_view,
@@ -92,7 +92,7 @@ class SplitCat(NodeSetRule):
             split = split_view(cat.whole, ctx)
             if split is None or split.dim != cat.dim or not all_movable([cat.whole], ctx):
                 return None
-            if is_graph_output_alias(node, split.input) or not layout_safe(node, split.input, ctx):
+            if breaks_freshness([(node, split.input)], ctx) or not layout_safe(node, split.input, ctx):
                 return None
             before = copy_cost(node, ctx, len(split.sizes))
             if tuple_dies_with(cat.whole, [node]):
@@ -110,10 +110,11 @@ class SplitCat(NodeSetRule):
             meta = ctx.meta(source)
             full = meta is not None and start == 0 and length == meta.shape[dim]
             if full:
-                if is_graph_output_alias(node, source) or not layout_safe(node, source, ctx):
+                if breaks_freshness([(node, source)], ctx) or not layout_safe(node, source, ctx):
                     return None
                 return Found((node,), before, Cost(), ("input", source))
-            if is_graph_output_alias(node, source) or not layout_safe(node, None, ctx):
+            built = built_meta(lambda y: y.narrow(dim, start, length), source)
+            if breaks_freshness([(node, source)], ctx) or not layout_safe(node, built, ctx):
                 return None
             return Found((node,), before, VIEW, ("narrow", (source, dim, start, length)))
         # runs inside a longer cat: each becomes one narrow view

@@ -19,11 +19,12 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
+from ._split_cat_layout import built_meta
 from ._split_cat_util import (
     all_movable,
-    is_graph_output_alias,
     only_used_by,
     piece_of,
     stack_view,
@@ -56,8 +57,6 @@ class StackPieces(NodeSetRule):
         holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
         if not all_movable([first.source, *stack.tensors, *holders], ctx):
             return None
-        if is_graph_output_alias(node, first.source):  # contiguous() may hand back a view of it
-            return None
         meta = ctx.meta(first.source)
         assert meta is not None
         n, d, e = len(pieces), first.dim, stack.dim
@@ -69,15 +68,40 @@ class StackPieces(NodeSetRule):
         )
         before = copy_cost(node, ctx) + views(dying)
         copy = Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes)
-        in_place = d == e == 0  # unflatten of a leading-dim range of a contiguous tensor: no copy
-        after = views(1 + int(partial) + int(d != e)) + (VIEW if in_place else copy)
-        return Found((node,), before, after, (first.source, d, e, first.start, n, first.length, partial))
+        s, k = first.start, first.length
+        view = built_meta(lambda y: _view(y, d, e, s, n, k, partial), first.source)
+        # contiguous() hands back the view itself when it is already contiguous (a leading-dim range
+        # of a contiguous tensor): no copy, but then the result shares memory with the source, which
+        # the caller may see (see _freshness): a clone keeps the stack's fresh storage there
+        in_place = view is None or view.is_contiguous is not False
+        fresh = in_place and breaks_freshness([(node, first.source)], ctx)
+        after = views(1 + int(partial) + int(d != e)) + (VIEW if in_place and not fresh else copy)
+        return Found((node,), before, after, (first.source, d, e, s, n, k, partial, fresh))
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
-        x, d, e, start, n, length, partial = data
-        if partial:
-            x = b.call(torch.narrow, x, d, start, n * length)
-        x = b.call(torch.unflatten, x, d, (n, length))
-        if d != e:
-            x = b.call(torch.movedim, x, d, e)
-        return [b.method("contiguous", x)]
+        x, d, e, start, n, length, partial, fresh = data
+        if fresh:
+            x = b.call(
+                torch.clone,
+                _built(x, d, e, start, n, length, partial, b),
+                memory_format=torch.contiguous_format,
+            )
+            return [x]
+        return [b.method("contiguous", _built(x, d, e, start, n, length, partial, b))]
+
+
+def _view(y: torch.Tensor, d: int, e: int, start: int, n: int, length: int, partial: bool) -> torch.Tensor:
+    """The stack as a view of the source (what ``_built`` builds, on a tensor)."""
+    if partial:
+        y = y.narrow(d, start, n * length)
+    y = y.unflatten(d, (n, length))
+    return y.movedim(d, e) if d != e else y
+
+
+def _built(x: fx.Node, d: int, e: int, start: int, n: int, length: int, partial: bool, b: Builder) -> fx.Node:
+    if partial:
+        x = b.call(torch.narrow, x, d, start, n * length)
+    x = b.call(torch.unflatten, x, d, (n, length))
+    if d != e:
+        x = b.call(torch.movedim, x, d, e)
+    return x

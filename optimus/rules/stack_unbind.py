@@ -18,12 +18,12 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import layout_safe, same_dtypes
+from ._split_cat_layout import built_meta, fresh_meta, layout_safe, same_dtypes
 from ._split_cat_util import (
     all_movable,
-    is_graph_output_alias,
     only_used_by,
     pieces_of,
     split_runs,
@@ -60,7 +60,7 @@ class StackUnbind(NodeSetRule):
         if not all_movable([unbind.input, *stack.tensors, *members], ctx):
             return None
         index = {g: i for i, gs in pieces.items.items() for g in gs}
-        if any(is_graph_output_alias(g, stack.tensors[index[g]]) for g in members):
+        if breaks_freshness([(g, stack.tensors[index[g]]) for g in members], ctx):
             return None
         if not same_dtypes(stack.tensors, unbind.input, ctx):
             return None  # the stack promoted a dtype: its pieces are not its inputs
@@ -85,9 +85,11 @@ class StackUnbind(NodeSetRule):
         if unbind.dim != stack.dim or not all_movable([source, *stack.tensors], ctx):
             return None
         full = len(indices) == unbind.count
-        if is_graph_output_alias(node, unbind.input):
+        if breaks_freshness([(node, unbind.input)], ctx):
             return None
-        if not layout_safe(node, unbind.input if full else None, ctx):
+        n = len(indices)
+        built = unbind.input if full else built_meta(lambda y: y.narrow(stack.dim, first, n), unbind.input)
+        if not layout_safe(node, built, ctx):
             return None
         if not full and len(indices) < 2:
             return None  # stack of one slice: a copy vs an unsqueeze view, not worth a rule
@@ -110,7 +112,9 @@ class StackUnbind(NodeSetRule):
         runs = [p for p in parts if p[0] == "run"]
         if not runs or len(parts) == 1:
             return None  # no run, or one run alone (the _stack_of_unbind case)
-        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(node, None, ctx):
+        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(
+            node, fresh_meta(node), ctx
+        ):
             return None
         n_views = sum(1 if p[0] == "one" else (p[4] != p[5]) + (p[2] != stack.dim) for p in parts)
         before = copy_cost(node, ctx)

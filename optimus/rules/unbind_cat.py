@@ -19,13 +19,13 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import layout_safe
+from ._split_cat_layout import built_meta, fresh_meta, layout_safe
 from ._split_cat_util import (
     all_movable,
     cat_view,
-    is_graph_output_alias,
     split_runs,
     tuple_dies_with,
     unbind_run,
@@ -46,11 +46,14 @@ class UnbindCat(NodeSetRule):
             return self._runs_inside(node, cat, ctx)
         source, unbind, indices = run
         first = indices[0]
-        if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, None, ctx):
+        u, c, n = unbind.dim, cat.dim, len(indices)
+        built = built_meta(
+            lambda y: torch.flatten(torch.movedim(y.narrow(u, first, n), u, c), c, c + 1), unbind.input
+        )
+        if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, built, ctx):
             return None
-        if is_graph_output_alias(node, unbind.input):  # the result may be a view of it
+        if breaks_freshness([(node, unbind.input)], ctx):  # the result may be a view of it
             return None
-        u, c = unbind.dim, cat.dim
         partial = len(indices) != unbind.count
         before = copy_cost(node, ctx)
         if tuple_dies_with(source, [node]):
@@ -72,7 +75,9 @@ class UnbindCat(NodeSetRule):
         runs = [p for p in parts if p[0] == "run"]
         if not runs or len(parts) == 1:
             return None
-        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(node, None, ctx):
+        if not all_movable([*tensors, *(p[6] for p in runs)], ctx) or not layout_safe(
+            node, fresh_meta(node), ctx
+        ):
             return None
         c = cat.dim
         # Under Inductor the flatten is written straight into the cat's output (no copy of its

@@ -203,9 +203,12 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
 class Program(nn.Module):
     """Runs a :class:`Plan` (traceable: the plan is constant data)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, copy_outputs: bool = False) -> None:
         super().__init__()
         self.plan = plan
+        # outputs through ``* 1.0``: the caller then cannot see their layout, so rewrites that
+        # return a view with other strides than eager's (declined for raw outputs) may fire
+        self.copy_outputs = copy_outputs
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         vals: list[Any] = [x * 1.0, y * 1.0]  # inputs are leaves: never mutate those
@@ -229,4 +232,6 @@ class Program(nn.Module):
                 vals.append({"neg": torch.neg, "mul": lambda t: t * 3.0, "add": lambda t: t + t}[step[2]](v))
             else:
                 vals[step[1]].mul_(2.0)
+        if self.copy_outputs:
+            return tuple(vals[i] * 1.0 for i in self.plan.outputs)
         return tuple(vals[i] for i in self.plan.outputs)

@@ -189,7 +189,7 @@ class GatedTowers(nn.Module):
         for i, group in enumerate(self.lins):
             xi = x[i] * 1.0
             outs.append(torch.tanh(group[0](xi)) * torch.sigmoid(group[-1](xi)))
-            outs.extend(lin(xi) for lin in group[1:-1])
+            outs.extend(torch.relu(lin(xi)) for lin in group[1:-1])  # (raw: its strides are seen)
         return outs
 
 

@@ -37,7 +37,7 @@ def test_generator_exercises_the_rules() -> None:
     @settings(max_examples=150, deadline=None, database=None, derandomize=True)
     @given(plans())
     def collect(plan: Plan) -> None:
-        gm = run(Program(plan), _inputs(plan), [*FAMILY, "dce", "cse"])
+        gm = run(Program(plan, copy_outputs=True), _inputs(plan), [*FAMILY, "dce", "cse"])
         for rule, n in gm.optimus_report.rules_fired.items():
             fired[rule] = fired.get(rule, 0) + n
 
