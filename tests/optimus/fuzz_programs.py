@@ -50,6 +50,7 @@ KINDS = (
     "view_out",  # returns a view of s (or s itself)
     "alias_inplace",  # writes in place through an alias of a fresh b, then reads b
 )
+FUSABLE = ("tower", "tower", "gated", "linear", "split_pw")
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
 SOURCES = ("x", "z", "h")
 CONSUMERS = ("", "view", "as_strided", "t_view", "add_", "relu_", "iadd")
@@ -173,9 +174,10 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
     saved that source for backward before it changes."""
     members: list[Member] = []
     for _ in range(c.integer(1, max_groups)):
-        kind = c.choice(KINDS)
+        # half the groups are parallel towers / linears / split pieces: what the horizontal rules fuse
+        kind = c.choice(FUSABLE) if c.integer(0, 1) else c.choice(KINDS)
         src = c.choice(SOURCES)
-        for _ in range(c.integer(1, 4)):
+        for _ in range(c.integer(2, 4) if kind in FUSABLE else c.integer(1, 3)):
             members.append(_member(c, kind, src if c.integer(0, 3) else c.choice(SOURCES)))
     if len(members) > 1 and c.integer(0, 2) == 0:  # interleave the groups
         order = [c.integer(0, 1000) for _ in members]
