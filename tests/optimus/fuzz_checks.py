@@ -12,7 +12,9 @@ WHAT is compared (eager vs optimized, on identical copies of module, inputs and 
   have a ``.grad``, and its value;
 - that the Optimus call itself (``optimize()``) left the example inputs, the module's parameters
   and buffers, and the RNG state as it found them;
-- that the optimized call raises exactly when eager raises (eager raising is a generator bug).
+- that the optimized call raises exactly when eager raises (eager raising is a generator bug), and
+  leaves grad mode as eager does (a rewritten graph that raises inside a ``no_grad`` region it
+  entered with ``set_grad_enabled(False)`` never re-enables grad).
 
 PATHS (see :data:`PATHS`): ``optimize`` with the default config (``default``), with a launch-bound
 cost model so every rule that can fire does (``optimize``), the same with
@@ -52,6 +54,7 @@ class Observation:
     inputs: list[torch.Tensor] = field(default_factory=list)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    grad_mode_after: bool = True  # torch.is_grad_enabled() right after the call (restored then)
 
 
 @dataclass
@@ -109,11 +112,15 @@ def observe(
     """Call ``fn(*inputs)`` from RNG ``seed``, then ``backward()`` a fixed weighting of its outputs."""
     obs = Observation()
     torch.manual_seed(seed)
+    grad_mode = torch.is_grad_enabled()
     try:
         out = fn(*inputs)
     except Exception as exc:
         obs.error = f"forward: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return obs
+    finally:  # a graph that raised between its own set_grad_enabled calls leaves grad mode changed
+        obs.grad_mode_after = torch.is_grad_enabled()
+        torch.set_grad_enabled(grad_mode)
     obs.rng = torch.get_rng_state()
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     obs.meta = [_meta(o) for o in outs]
@@ -180,6 +187,11 @@ def compare(ref: Observation, new: Observation, path: str, low_precision: bool) 
     if ref.error is not None:
         bad("eager_raises", ref.error)  # a generator bug: legalize() must prevent it
         return out
+    if ref.grad_mode_after != new.grad_mode_after:
+        bad(
+            "grad_mode",
+            f"grad mode after the call: {ref.grad_mode_after} in eager, {new.grad_mode_after} optimized",
+        )
     if new.error is not None:
         bad("raises", new.error)
         if not new.outputs:  # the forward raised: nothing else to compare

@@ -169,7 +169,8 @@ def mutates_source(m: Member) -> bool:
 
 
 def generate(c: Choices, max_groups: int = 3) -> Spec:
-    """A program of 1..``max_groups`` groups of 1..4 members of one kind (same-kind members are
+    """A program of 1..``max_groups`` groups of members of one kind (2..8 towers, linears or split
+    pieces: batching pays from about six members; 1..3 of the other kinds) (same-kind members are
     what the horizontal rules fuse); members that write into a source run first, so no op has
     saved that source for backward before it changes."""
     members: list[Member] = []
@@ -177,7 +178,7 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         # half the groups are parallel towers / linears / split pieces: what the horizontal rules fuse
         kind = c.choice(FUSABLE) if c.integer(0, 1) else c.choice(KINDS)
         src = c.choice(SOURCES)
-        for _ in range(c.integer(2, 4) if kind in FUSABLE else c.integer(1, 3)):
+        for _ in range(c.integer(2, 8) if kind in FUSABLE else c.integer(1, 3)):
             members.append(_member(c, kind, src if c.integer(0, 3) else c.choice(SOURCES)))
     if len(members) > 1 and c.integer(0, 2) == 0:  # interleave the groups
         order = [c.integer(0, 1000) for _ in members]
