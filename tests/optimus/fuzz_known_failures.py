@@ -52,14 +52,7 @@ KNOWN: dict[str, tuple[str, Spec]] = {
     "bn_train_unused": ("effects", Spec((Member("bn_unused", "z"),))),
     **{
         f"random_twice_{op}": ("effects", Spec((Member("random_dup", "z", variant=op),)))
-        for op in (
-            "rrelu",
-            "alpha_dropout",
-            "feature_alpha_dropout",
-            "feature_dropout",
-            "native_dropout",
-            "dropout",
-        )
+        for op in ("rrelu", "feature_dropout", "native_dropout")  # CSE merges these, not dropout
     },
     "random_unused_native_dropout": (
         "effects",
@@ -71,10 +64,6 @@ KNOWN: dict[str, tuple[str, Spec]] = {
         f"split_cat_of_{v}": ("aliasing", Spec((Member("split_cat", "z", variant=v),)))
         for v in ("view", "contiguous", "slice", "w_t")
     },
-    "split_cat_of_view_then_add_": (
-        "aliasing",
-        Spec((Member("split_cat", "z", variant="view", consumer="add_"),)),
-    ),
     "stack_unbind_of_view": ("aliasing", Spec((Member("stack_unbind", "z", variant="view"),))),
     "dropout_p0_alias_written": (
         "aliasing",
@@ -88,12 +77,6 @@ KNOWN: dict[str, tuple[str, Spec]] = {
     "qkv_view": ("layout", Spec(_many(3, kind="linear", consumer="view", variant="nobias"))),
     "qkv_as_strided": ("layout", Spec(_many(3, kind="linear", consumer="as_strided", variant="nobias"))),
     "qkv_transpose_view": ("layout", Spec(_many(3, kind="linear", consumer="t_view", variant="nobias"))),
-    "tower_and_gate_view": ("layout", Spec((Member("gated", consumer="view", variant="gelu"),))),
-    "split_pieces_view": ("layout", Spec(_many(2, kind="split_pw", consumer="view", variant="tanh"))),
-    "split_pieces_as_strided": (
-        "layout",
-        Spec(_many(2, kind="split_pw", consumer="as_strided", variant="tanh")),
-    ),
     # 7. capture / api: optimize() runs forward on the example inputs
     "optimize_updates_bn_stats": ("capture/api", Spec((Member("bn_unused", "z"), Member("linear")))),
     "optimize_advances_rng": ("capture/api", Spec((Member("random_dup", "z", variant="rand_like"),))),
