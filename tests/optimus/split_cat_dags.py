@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from fuzz_choices import Choices, DrawChoices, RandomChoices, boolean, some
 from hypothesis import strategies as st
 from torch import nn
 
@@ -37,9 +38,9 @@ class Plan:
     outputs: list[int] = field(default_factory=list)
 
 
-def _dim(draw: Any, rank: int, d: int) -> int:
+def _dim(c: Choices, rank: int, d: int) -> int:
     """``d`` given as is or negative (both are the same dim)."""
-    return d - rank if draw(st.booleans()) else d
+    return d - rank if boolean(c) else d
 
 
 def _fits(shape: tuple[int, ...], like: tuple[int, ...], d: int) -> bool:
@@ -49,51 +50,68 @@ def _fits(shape: tuple[int, ...], like: tuple[int, ...], d: int) -> bool:
     )
 
 
+def undo_sizes(cat_widths: dict[int, tuple[int, list[int]]], src: int, d: int) -> list[int] | None:
+    """The split sizes that undo cat ``src`` exactly when splitting it along ``d`` (None when ``src``
+    is no cat, or was concatenated along another dim: its input extents then mean nothing on ``d``).
+    The check is on ``src``'s own cat dim, not on the latest cat's: a split may take an older cat."""
+    made = cat_widths.get(src)
+    return list(made[1]) if made is not None and made[0] == d else None
+
+
 @st.composite
 def plans(draw: Any, max_steps: int = 10) -> Plan:
-    rank = draw(st.integers(2, 3))
-    inputs = [tuple(draw(st.integers(2, 6)) for _ in range(rank)) for _ in range(2)]
+    """The hypothesis strategy (shrinkable) of :func:`generate_plan`."""
+    return generate_plan(DrawChoices(draw), max_steps)
+
+
+def random_plan(seed: int, max_steps: int = 10) -> Plan:
+    """The plan of a fixed seed (independent of hypothesis's example distribution)."""
+    return generate_plan(RandomChoices(seed), max_steps)
+
+
+def generate_plan(c: Choices, max_steps: int = 10) -> Plan:
+    rank = c.integer(2, 3)
+    inputs = [tuple(c.integer(2, 6) for _ in range(rank)) for _ in range(2)]
     plan = Plan(inputs)
     vals = [_Val(s, fresh=False) for s in inputs]
     last_split: tuple[int, list[int]] = (0, [])  # (dim, pieces) of the latest split
     last_unbind: tuple[int, list[int]] = (0, [])  # (dim, pieces) of the latest unbind
     last_made: dict[str, tuple[int, int]] = {}  # "cat"/"stack" -> (value, dim) of the latest one
-    cat_widths: dict[int, list[int]] = {}  # cat value -> its inputs' extents along its dim
+    cat_widths: dict[int, tuple[int, list[int]]] = {}  # cat value -> (its dim, its inputs' extents there)
 
     def live(pred: Any = lambda v: True) -> list[int]:
         return [i for i, v in enumerate(vals) if v.alive and pred(v)]
 
-    for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(
-            st.sampled_from(["split", "split", "cat", "cat", "stack", "unbind", "pointwise", "mutate"])
-        )
+    for _ in range(c.integer(1, max_steps)):
+        kind = c.choice(["split", "split", "cat", "cat", "stack", "unbind", "pointwise", "mutate"])
         if kind == "split":
-            src = draw(st.sampled_from(live()))
+            src = c.choice(live())
             shape = vals[src].shape
-            d = draw(st.integers(0, len(shape) - 1))
+            d = c.integer(0, len(shape) - 1)
             recent = [(p, last_split[0]) for p in last_split[1] if vals[p].alive]
             if "cat" in last_made and vals[last_made["cat"][0]].alive:
                 recent.append(last_made["cat"])
-            if recent and draw(st.booleans()):  # split a piece or a cat again, on the same dim
-                src, d = draw(st.sampled_from(recent))
+            if recent and boolean(c):  # split a piece or a cat again, on the same dim
+                src, d = c.choice(recent)
                 shape = vals[src].shape
             n = shape[d]
-            form = draw(st.sampled_from(["sizes", "int", "chunk"]))
-            if src in cat_widths and d == last_made["cat"][1] and draw(st.booleans()):
-                form, sizes = "sizes", list(cat_widths[src])  # undo the cat exactly
+            form = c.choice(["sizes", "int", "chunk"])
+            undo = undo_sizes(cat_widths, src, d)
+            if undo is not None and boolean(c):
+                form, sizes = "sizes", undo  # undo that cat exactly
                 arg: Any = sizes
             elif form == "sizes":
-                cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=1, max_size=3))) if n > 1 else []
+                cuts = sorted(set(some(c, range(1, n), 1, 3))) if n > 1 else []
                 sizes = [b - a for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
                 arg = sizes
             elif form == "int":
-                arg = draw(st.integers(1, n))
+                arg = c.integer(1, n)
                 sizes = [min(arg, n - k) for k in range(0, n, arg)]
             else:
-                arg = draw(st.integers(1, n))
+                arg = c.integer(1, n)
                 size = -(-n // arg)
                 sizes = [min(size, n - k) for k in range(0, n, size)]
-            plan.steps.append(("split", src, form, arg, _dim(draw, len(shape), d)))
+            plan.steps.append(("split", src, form, arg, _dim(c, len(shape), d)))
             first = len(vals)
             for s in sizes:
                 vals.append(_Val((*shape[:d], s, *shape[d + 1 :]), fresh=False, base=src))
@@ -103,28 +121,28 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
             d, pieces = last_split
             pieces = [p for p in pieces if vals[p].alive]
             unbound = [p for p in last_unbind[1] if vals[p].alive]
-            if len(unbound) >= 2 and draw(st.integers(0, 3)) == 0:  # a run of unbind pieces
-                length = draw(st.integers(2, len(unbound)))
-                lo = draw(st.integers(0, len(unbound) - length))
+            if len(unbound) >= 2 and c.integer(0, 3) == 0:  # a run of unbind pieces
+                length = c.integer(2, len(unbound))
+                lo = c.integer(0, len(unbound) - length)
                 chosen = unbound[lo : lo + length]
-                d = draw(st.integers(0, len(vals[chosen[0]].shape) - 1))
-            elif len(pieces) >= 2 and draw(st.integers(0, 3)) > 0:
-                length = draw(st.integers(2, len(pieces)))
-                lo = draw(st.integers(0, len(pieces) - length))
+                d = c.integer(0, len(vals[chosen[0]].shape) - 1)
+            elif len(pieces) >= 2 and c.integer(0, 3) > 0:
+                length = c.integer(2, len(pieces))
+                lo = c.integer(0, len(pieces) - length)
                 chosen = pieces[lo : lo + length]
-                if draw(st.integers(0, 4)) == 0:
+                if c.integer(0, 4) == 0:
                     chosen = list(reversed(chosen))  # a permuted run must not fire
             else:
-                base = draw(st.sampled_from(live()))
+                base = c.choice(live())
                 shape = vals[base].shape
-                d = draw(st.integers(0, len(shape) - 1))
+                d = c.integer(0, len(shape) - 1)
                 same = [i for i in live() if _fits(vals[i].shape, shape, d)]
-                chosen = draw(st.lists(st.sampled_from(same), min_size=1, max_size=4))
+                chosen = some(c, same, 1, 4)
             shape = vals[chosen[0]].shape
             out = (*shape[:d], sum(vals[c].shape[d] for c in chosen), *shape[d + 1 :])
-            plan.steps.append(("cat", chosen, _dim(draw, len(shape), d)))
+            plan.steps.append(("cat", chosen, _dim(c, len(shape), d)))
             last_made["cat"] = (len(vals), d)
-            cat_widths[len(vals)] = [vals[c].shape[d] for c in chosen]
+            cat_widths[len(vals)] = (d, [vals[c].shape[d] for c in chosen])
             vals.append(_Val(out, fresh=True))
         elif kind == "stack":
             pieces = [p for p in last_unbind[1] if vals[p].alive]
@@ -134,52 +152,52 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
                 if not vals[p].alive or (same_size and vals[p].shape != vals[same_size[0]].shape):
                     break
                 same_size.append(p)
-            if len(pieces) >= 2 and draw(st.booleans()):  # a run of unbind pieces, same dim
+            if len(pieces) >= 2 and boolean(c):  # a run of unbind pieces, same dim
                 d = last_unbind[0]
-                length = draw(st.integers(2, len(pieces)))
-                lo = draw(st.integers(0, len(pieces) - length))
+                length = c.integer(2, len(pieces))
+                lo = c.integer(0, len(pieces) - length)
                 chosen = pieces[lo : lo + length]
                 shape = vals[chosen[0]].shape
-            elif len(same_size) >= 2 and draw(st.booleans()):  # equal split pieces (in order)
+            elif len(same_size) >= 2 and boolean(c):  # equal split pieces (in order)
                 chosen = same_size
                 shape = vals[chosen[0]].shape
-                d = last_split[0] if draw(st.booleans()) else draw(st.integers(0, len(shape)))
+                d = last_split[0] if boolean(c) else c.integer(0, len(shape))
             else:
-                shape = vals[draw(st.sampled_from(live()))].shape
+                shape = vals[c.choice(live())].shape
                 if len(shape) >= 4:
                     continue
                 same = [i for i in live() if vals[i].shape == shape]
-                chosen = draw(st.lists(st.sampled_from(same), min_size=1, max_size=4))
-                d = draw(st.integers(0, len(shape)))
-            plan.steps.append(("stack", chosen, _dim(draw, len(shape) + 1, d)))
+                chosen = some(c, same, 1, 4)
+                d = c.integer(0, len(shape))
+            plan.steps.append(("stack", chosen, _dim(c, len(shape) + 1, d)))
             last_made["stack"] = (len(vals), d)
             vals.append(_Val((*shape[:d], len(chosen), *shape[d:]), fresh=True))
         elif kind == "unbind":
             candidates = live(lambda v: len(v.shape) >= 2)
             if not candidates:
                 continue
-            src = draw(st.sampled_from(candidates))
+            src = c.choice(candidates)
             shape = vals[src].shape
-            d = draw(st.integers(0, len(shape) - 1))
+            d = c.integer(0, len(shape) - 1)
             made = last_made.get("stack")
-            if made is not None and vals[made[0]].alive and draw(st.booleans()):  # unbind a stack
+            if made is not None and vals[made[0]].alive and boolean(c):  # unbind a stack
                 src, d = made
                 shape = vals[src].shape
             first = len(vals)
             for _ in range(shape[d]):
                 vals.append(_Val(shape[:d] + shape[d + 1 :], fresh=False, base=src))
             last_unbind = (d, list(range(first, len(vals))))
-            plan.steps.append(("unbind", src, _dim(draw, len(shape), d), last_unbind[1]))
+            plan.steps.append(("unbind", src, _dim(c, len(shape), d), last_unbind[1]))
         elif kind == "pointwise":
-            src = draw(st.sampled_from(live()))
+            src = c.choice(live())
             # ops whose backward saves no tensor: a later in-place write cannot break autograd
-            plan.steps.append(("pointwise", src, draw(st.sampled_from(["neg", "mul", "add"]))))
+            plan.steps.append(("pointwise", src, c.choice(["neg", "mul", "add"])))
             vals.append(_Val(vals[src].shape, fresh=True))
         else:  # mutate a fresh value in place; pieces taken from it are retired
             fresh = live(lambda v: v.fresh)
             if not fresh:
                 continue
-            src = draw(st.sampled_from(fresh))
+            src = c.choice(fresh)
             plan.steps.append(("mutate", src))
             for v in vals:  # views of src, and views of those
                 b = v.base
@@ -195,7 +213,7 @@ def plans(draw: Any, max_steps: int = 10) -> Plan:
             used.add(step[1])
     # what nothing else reads, plus a few values that are also read (pieces with other users)
     leaves = [i for i in live() if i not in used]
-    extra = draw(st.lists(st.sampled_from(live()), max_size=2)) if live() else []
+    extra = some(c, live(), 0, 2) if live() else []
     plan.outputs = sorted(set(leaves) | set(extra)) or live()
     return plan
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from optimus_helpers import LAUNCH_BOUND, assert_parity
 from torch import fx, nn
@@ -173,3 +173,16 @@ def test_random_dags_keep_outputs_and_gradients(
     assert gm.optimus_report.stop_reason == "saturated"
     assert gm.optimus_report.rolled_back == {}
     assert_parity(mod, gm, [x], rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=25)
+@given(programs(), st.integers(0, 2**16))
+def test_random_dags_float64_exact(program: tuple[list[tuple[Any, ...]], list[int]], seed: int) -> None:
+    """The same DAGs in float64 with tolerance 1e-9: a reordered sum rounds at about 1e-15 there,
+    so only a real change of the computation can fail (the float32 test needs 1e-4)."""
+    steps, widths = program
+    torch.manual_seed(seed)
+    mod = Program(steps, widths).double()
+    x = torch.randn(B, sum(widths), dtype=torch.float64)
+    gm = optimus.optimize(fx.symbolic_trace(mod), (x,), cost_model=LAUNCH_BOUND)
+    assert_parity(mod, gm, [x], rtol=1e-9, atol=1e-9)

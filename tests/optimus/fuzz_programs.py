@@ -1,0 +1,438 @@
+"""Random small ``nn.Module`` programs written the way users write them, for the fuzzers.
+
+WHY a generator of its own (not :mod:`split_cat_dags` or the DAGs of ``test_properties``): those
+build programs out of the ops the rules target, with no Python around them. Users put the same ops
+inside ``with torch.no_grad():`` and ``torch.autocast`` blocks, call a train-mode BatchNorm twice
+on one input, draw random numbers twice, return views of their inputs, and read fused results with
+``.view(-1)``, ``as_strided`` or in-place ops. Each of those constructs is a way a rewrite can
+change what the caller observes, so the programs here are made of them.
+
+A program is plain data (:class:`Spec`: a few :class:`Member` statements over two inputs). It is
+turned into Python SOURCE (:func:`module_source`) and compiled into a fresh ``nn.Module`` class
+(:func:`build`): Dynamo traces exactly that code, a failure's repro is that code (:func:`repro`),
+and every example has its own code object, so compiled caches never mix examples.
+
+Choices come from a :class:`fuzz_choices.Choices` object, so the same generator runs under hypothesis (which
+shrinks it) and under a seeded ``random.Random`` (the runner and the "exercises the rules" test:
+fixed programs that no hypothesis upgrade changes).
+
+Inputs: ``x`` (requires grad; a leaf) and ``z`` (no grad; may be mutated in place by the program,
+which the checks observe). ``h = x * 1.5`` is a fresh intermediate members can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from fuzz_choices import Choices, RandomChoices
+from torch import nn
+
+T = TypeVar("T")
+
+# What a member computes (see _emit_member for the exact code of each).
+KINDS = (
+    "tower",  # tanh/gelu(LayerNorm(Linear(s))): several of them are what batch_linear/batch_layer_norm fuse
+    "gated",  # act(Linear(s)) * sigmoid(Linear'(s)): a tower and its gate on one input
+    "linear",  # Linear(s) (q/k/v when several share s: merge_shared_linear)
+    "split_pw",  # unary op on each piece of a split (batch_unary on split pieces)
+    "split_cat",  # cat of all pieces of a split of a view of s (a fresh tensor in eager)
+    "stack_unbind",  # stack of all rows of an unbind of a view of s (fresh in eager)
+    "bn_twice",  # bn(s) + bn(s) with one train-mode BatchNorm: two statistics updates
+    "bn_unused",  # bn(s) whose result nobody reads: still one statistics update
+    "random_dup",  # r(s) - r(s) for a random op r: two independent draws, not zero
+    "random_unused",  # r(s) whose result nobody reads: still advances the RNG
+    "view_out",  # returns a view of s (or s itself)
+    "alias_inplace",  # writes in place through an alias of a fresh b, then reads b
+)
+FUSABLE = ("tower", "tower", "gated", "linear", "split_pw")
+REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
+SOURCES = ("x", "z", "h")
+CONSUMERS = ("", "view", "as_strided", "t_view", "add_", "relu_", "iadd")
+INPLACE = ("add_", "relu_", "iadd")
+ACTS = ("tanh", "gelu", "silu", "sigmoid", "relu", "neg")
+ACTS_SAVING_OUTPUT = ("tanh", "sigmoid", "relu")  # backward reads the output: no in-place after them
+RANDOM_OPS = (
+    "dropout",
+    "dropout_module",
+    "rrelu",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "feature_dropout",
+    "native_dropout",
+    "bernoulli",
+    "rand_like",
+)
+# Views (or the tensor itself) of a source; "w_t" views a parameter of shape [D, B] instead.
+VIEWS = ("slice", "view", "t", "contiguous", "dropout_eval", "dropout_p0", "reshape", "w_t")
+ALIASES = ("dropout_eval", "dropout_p0", "view", "reshape", "contiguous", "slice_all")
+SPLIT_SOURCES = ("plain", "view", "contiguous", "slice", "w_t")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One statement group of ``forward``: ``kind`` on source ``src``, inside ``region``, its result
+    read by ``consumer``. ``variant`` picks the op (activation, random op, view); ``keep`` also
+    returns the intermediate (the Linear output of a tower, or the value before ``consumer``)."""
+
+    kind: str
+    src: str = "x"
+    region: str = ""
+    consumer: str = ""
+    variant: str = ""
+    keep: bool = False
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A whole program: input sizes ``[batch, width]``, hidden width, members, module mode, and
+    whether neighbouring members in the same region share one ``with`` block."""
+
+    members: tuple[Member, ...]
+    batch: int = 3
+    width: int = 8
+    hidden: int = 4
+    train: bool = True
+    shared_blocks: bool = True
+
+
+# ----------------------------------------------------------------------------------------------
+# generation
+
+
+def _weighted(c: Choices, options: Sequence[T], first_weight: int) -> T:
+    """``options[0]`` with weight ``first_weight``, each other option with weight 1."""
+    k = c.integer(0, first_weight + len(options) - 2)
+    return options[0] if k < first_weight else options[k - first_weight + 1]
+
+
+def _member(c: Choices, kind: str, src: str) -> Member:
+    region = _weighted(c, REGIONS, 4)
+    consumer = _weighted(c, CONSUMERS, 3)
+    keep = c.integer(0, 3) == 0
+    if kind in ("tower", "gated", "split_pw"):
+        variant = c.choice(ACTS)
+    elif kind in ("random_dup", "random_unused"):
+        variant = c.choice(RANDOM_OPS)
+    elif kind == "view_out":
+        variant = c.choice(VIEWS)
+    elif kind == "alias_inplace":
+        variant = c.choice(ALIASES)
+    elif kind in ("split_cat", "stack_unbind"):
+        variant = c.choice(SPLIT_SOURCES)
+    elif kind == "linear":
+        variant = c.choice(("bias", "nobias"))
+    else:
+        variant = ""
+    return legalize(Member(kind, src, region, consumer, variant, keep))
+
+
+def legalize(m: Member) -> Member:
+    """The nearest member that eager PyTorch runs forward and backward without an error.
+
+    Rules (each is an autograd or shape restriction of eager, not of Optimus):
+    - no in-place write after an op whose backward reads its output (tanh, sigmoid, relu);
+    - no in-place write through a view of a leaf that requires grad (``x``, a parameter) while
+      grad is on; ``view_out`` with an in-place consumer is moved under ``no_grad``;
+    - no ``.view(-1)`` of a view eager cannot flatten (a slice, a transpose);
+    - no in-place write on a tanh result (``alias_inplace``);
+    - members without a tensor result (``*_unused``) have no consumer.
+    """
+    if m.kind in ("bn_unused", "random_unused"):
+        return replace(m, consumer="", keep=False)
+    if m.consumer in INPLACE and m.kind in ("tower", "gated", "split_pw") and m.variant in ACTS_SAVING_OUTPUT:
+        m = replace(m, variant="gelu")
+    if writes_leaf(m):
+        m = replace(m, region="no_grad", keep=False)
+    if m.kind == "view_out" and m.consumer in ("view", "t_view") and m.variant in ("slice", "t", "w_t"):
+        m = replace(m, consumer="")  # eager itself cannot flatten these views
+    if m.kind == "alias_inplace" and m.consumer in INPLACE:
+        m = replace(m, consumer="")  # its result is a tanh output
+    return m
+
+
+def writes_leaf(m: Member) -> bool:
+    """The member writes in place through a view of ``x`` or of a parameter (under ``no_grad``).
+    That view itself is not returned: autograd refuses any use of a view made under ``no_grad``
+    whose base was then written, so users write through it and drop it (an optimizer step)."""
+    return m.kind == "view_out" and m.consumer in INPLACE and (m.src == "x" or m.variant == "w_t")
+
+
+def mutates_source(m: Member) -> bool:
+    """The member writes into its source (an in-place consumer on a view of it)."""
+    return m.kind == "view_out" and m.consumer in INPLACE
+
+
+def generate(c: Choices, max_groups: int = 3) -> Spec:
+    """A program of 1..``max_groups`` groups of members of one kind (2..8 towers, linears or split
+    pieces: batching pays from about six members; 1..3 of the other kinds) (same-kind members are
+    what the horizontal rules fuse); members that write into a source run first, so no op has
+    saved that source for backward before it changes."""
+    members: list[Member] = []
+    for _ in range(c.integer(1, max_groups)):
+        # half the groups are parallel towers / linears / split pieces: what the horizontal rules fuse
+        kind = c.choice(FUSABLE) if c.integer(0, 1) else c.choice(KINDS)
+        src = c.choice(SOURCES)
+        for _ in range(c.integer(2, 8) if kind in FUSABLE else c.integer(1, 3)):
+            members.append(_member(c, kind, src if c.integer(0, 3) else c.choice(SOURCES)))
+    if len(members) > 1 and c.integer(0, 2) == 0:  # interleave the groups
+        order = [c.integer(0, 1000) for _ in members]
+        members = [m for _, m in sorted(zip(order, members, strict=True), key=lambda t: t[0])]
+    members.sort(key=lambda m: not mutates_source(m))  # stable: writers first
+    spec = Spec(
+        members=tuple(members),
+        batch=c.choice((2, 3, 4)),
+        width=c.choice((4, 6, 8)),
+        hidden=c.choice((4, 8)),
+        train=c.integer(0, 4) > 0,
+        shared_blocks=c.integer(0, 1) == 1,
+    )
+    return spec
+
+
+def random_spec(seed: int, max_groups: int = 3) -> Spec:
+    return generate(RandomChoices(seed), max_groups)
+
+
+def features(spec: Spec) -> set[str]:
+    """Names of the constructs a program uses ("region:no_grad", "kind:bn_twice", "consumer:view",
+    "view:w_t", "random:rrelu", ...): what a run covered, and what the gating in the tests reads."""
+    out: set[str] = set()
+    for m in spec.members:
+        out.add(f"kind:{m.kind}")
+        if m.region:
+            out.add(f"region:{m.region}")
+        if m.consumer:
+            out.add(f"consumer:{m.consumer}")
+        if m.keep:
+            out.add("keep")
+        if m.kind in ("random_dup", "random_unused"):
+            out.add(f"random:{m.variant}")
+        if m.kind in ("view_out", "alias_inplace", "split_cat", "stack_unbind"):
+            out.add(f"{m.kind}:{m.variant}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# source code
+
+
+_RANDOM_CODE = {
+    "dropout": "F.dropout({s}, 0.5, True)",
+    "dropout_module": "self.drop{i}({s})",
+    "rrelu": "torch.rrelu({s}, training=True)",
+    "alpha_dropout": "F.alpha_dropout({s}, 0.5, True)",
+    "feature_alpha_dropout": "F.feature_alpha_dropout({s}, 0.5, True)",
+    "feature_dropout": "torch.feature_dropout({s}, 0.5, True)",
+    "native_dropout": "torch.native_dropout({s}, 0.5, True)[0]",
+    "bernoulli": "torch.bernoulli(torch.sigmoid({s}))",
+    "rand_like": "torch.rand_like({s})",
+}
+_ACT_CODE = {
+    "tanh": "torch.tanh({})",
+    "gelu": "F.gelu({})",
+    "silu": "F.silu({})",
+    "sigmoid": "torch.sigmoid({})",
+    "relu": "torch.relu({})",
+    "neg": "torch.neg({})",
+}
+
+
+def _view_code(variant: str, s: str, i: int, spec: Spec) -> str:
+    b, d = spec.batch, spec.width
+    return {
+        "slice": f"{s}[:, : {d // 2}]",
+        "slice_all": f"{s}[:, :]",
+        "view": f"{s}.view({b}, {d})",
+        "reshape": f"{s}.reshape({b}, {d})",
+        "t": f"{s}.t()",
+        "contiguous": f"{s}.contiguous()",
+        "plain": s,
+        "dropout_eval": f"F.dropout({s}, 0.5, training=False)",
+        "dropout_p0": f"F.dropout({s}, 0.0, training=True)",
+        "w_t": f"self.w{i}.t()",
+    }[variant]
+
+
+def _consume(consumer: str, v: str, spec: Spec) -> list[str]:
+    """Statements that read ``v`` with ``consumer`` (rebinding ``v`` where the result is new)."""
+    if consumer == "view":
+        return [f"{v} = {v}.view(-1)"]
+    if consumer == "as_strided":
+        return [f"{v} = {v}.as_strided({v}.shape, ({v}.shape[1], 1))"]
+    if consumer == "t_view":
+        return [f"{v} = {v}.unsqueeze(0).transpose(0, 1).view(-1)"]
+    if consumer == "add_":
+        return [f"{v}.add_(1.0)"]
+    if consumer == "relu_":
+        return [f"{v}.relu_()"]
+    if consumer == "iadd":
+        return [f"{v} += 1.0"]
+    return []
+
+
+def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
+    """(statements, names of the values returned) of member ``i``."""
+    s, o = m.src, f"o{i}"
+    lines: list[str] = []
+    outs: list[str] = []
+    act = _ACT_CODE.get(m.variant, "torch.tanh({})")
+    if m.kind == "tower":
+        lines += [f"m{i} = self.lin{i}({s})", f"{o} = {act.format(f'self.ln{i}(m{i})')}"]
+        outs += [f"m{i}"] if m.keep else []
+    elif m.kind == "gated":
+        lines += [f"{o} = {act.format(f'self.lin{i}({s})')} * torch.sigmoid(self.gate{i}({s}))"]
+    elif m.kind == "linear":
+        lines += [f"{o} = self.lin{i}({s})"]
+    elif m.kind == "split_pw":
+        half = spec.width // 2
+        lines += [f"a{i}, b{i} = torch.split({s}, {half}, dim=1)", f"{o} = {act.format(f'a{i}')}"]
+        lines += [f"p{i} = {act.format(f'b{i}')}"]
+        outs += [f"p{i}"]
+    elif m.kind == "split_cat":
+        src = _view_code(m.variant, s, i, spec)
+        lines += [f"q{i} = torch.split({src}, 2, dim=1)", f"{o} = torch.cat([*q{i}], dim=1)"]
+    elif m.kind == "stack_unbind":
+        src = _view_code(m.variant, s, i, spec)
+        lines += [f"r{i} = torch.unbind({src}, 1)", f"{o} = torch.stack([*r{i}], 1)"]
+    elif m.kind == "bn_twice":
+        lines += [f"{o} = self.bn{i}({s}) + self.bn{i}({s})"]
+    elif m.kind == "bn_unused":
+        lines += [f"self.bn{i}({s})"]
+        o = ""
+    elif m.kind == "random_dup":
+        r = _RANDOM_CODE[m.variant].format(s=s, i=i)
+        lines += [f"{o} = {r} - {r}"]
+    elif m.kind == "random_unused":
+        lines += [_RANDOM_CODE[m.variant].format(s=s, i=i)]
+        o = ""
+    elif m.kind == "view_out":
+        lines += [f"{o} = {_view_code(m.variant, s, i, spec)}"]
+        if writes_leaf(m):  # the write is the effect; autograd forbids reading this view with grad on
+            return [*lines, *_consume(m.consumer, o, spec)], []
+    elif m.kind == "alias_inplace":
+        lines += [
+            f"e{i} = torch.tanh({s})",
+            f"c{i} = {s} * 1.0",
+            f"y{i} = {_view_code(m.variant, f'c{i}', i, spec)}",
+            f"y{i}.add_(1.0)",
+            f"{o} = torch.tanh(c{i})",
+        ]
+        outs += [f"e{i}"]
+    else:
+        raise ValueError(f"unknown member kind {m.kind!r}")
+    if o:
+        if m.keep and m.kind != "tower":
+            lines.append(f"k{i} = {o}")
+            outs.append(f"k{i}")
+        lines += _consume(m.consumer, o, spec)
+        outs.append(o)
+    return lines, outs
+
+
+_REGION_HEAD = {
+    "no_grad": ["with torch.no_grad():"],
+    "enable_grad": ["with torch.no_grad():", "    with torch.enable_grad():"],
+    "autocast": ['with torch.autocast("cpu", dtype=torch.bfloat16):'],
+}
+
+
+def forward_source(spec: Spec) -> str:
+    """The body of ``forward(self, x, z)`` as Python source."""
+    body = []
+    outs: list[str] = []
+    k = 0
+    members = spec.members
+    while k < len(members):
+        region = members[k].region
+        block = [k]
+        if region and spec.shared_blocks:
+            while block[-1] + 1 < len(members) and members[block[-1] + 1].region == region:
+                block.append(block[-1] + 1)
+        lines: list[str] = []
+        for j in block:
+            more, names = _emit_member(members[j], j, spec)
+            lines += more
+            outs += names
+        head = _REGION_HEAD.get(region, [])
+        pad = "    " * len(head)
+        body += head + [pad + line for line in lines]
+        k = block[-1] + 1
+    if not outs or any(m.src == "h" for m in members):
+        body.insert(0, "h = x * 1.5")
+    outs = outs or ["h"]  # every program returns something
+    body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return "\n".join(body)
+
+
+def init_source(spec: Spec) -> str:
+    """The body of ``__init__``: the submodules and parameters the members use."""
+    d, hdim, b = spec.width, spec.hidden, spec.batch
+    lines = ["super().__init__()"]
+    for i, m in enumerate(spec.members):
+        if m.kind == "tower":
+            lines += [f"self.lin{i} = nn.Linear({d}, {hdim})", f"self.ln{i} = nn.LayerNorm({hdim})"]
+        elif m.kind == "gated":
+            lines += [f"self.lin{i} = nn.Linear({d}, {hdim})", f"self.gate{i} = nn.Linear({d}, {hdim})"]
+        elif m.kind == "linear":
+            lines += [f"self.lin{i} = nn.Linear({d}, {hdim}, bias={m.variant == 'bias'})"]
+        elif m.kind in ("bn_twice", "bn_unused"):
+            lines += [f"self.bn{i} = nn.BatchNorm1d({d})"]
+        elif m.kind in ("random_dup", "random_unused") and m.variant == "dropout_module":
+            lines += [f"self.drop{i} = nn.Dropout(0.5)"]
+        if "w_t" in (m.variant,) and m.kind in ("view_out", "split_cat", "stack_unbind"):
+            lines += [f"self.w{i} = nn.Parameter(torch.randn({d}, {b}))"]
+    return "\n".join(lines)
+
+
+def module_source(spec: Spec) -> str:
+    def indent(text: str) -> str:
+        return "\n".join("        " + line for line in text.splitlines())
+
+    return (
+        "class FuzzModule(nn.Module):\n"
+        "    def __init__(self):\n"
+        f"{indent(init_source(spec))}\n\n"
+        "    def forward(self, x, z):\n"
+        f"{indent(forward_source(spec))}\n"
+    )
+
+
+def build(spec: Spec, dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """A fresh module running ``spec`` (parameters from ``seed``), in train or eval mode, in ``dtype``.
+    Its class is compiled from :func:`module_source`; the source is registered with ``linecache``
+    so tracebacks and Dynamo's messages show the program's lines."""
+    src = module_source(spec)
+    filename = f"<fuzz {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace: dict[str, Any] = {"torch": torch, "nn": nn, "F": F}
+    exec(compile(src, filename, "exec"), namespace)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = namespace["FuzzModule"]()
+    module.to(dtype)
+    return module.train(spec.train)
+
+
+def make_inputs(spec: Spec, dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(spec.batch, spec.width, generator=gen, dtype=torch.float64).to(dtype)
+    z = torch.randn(spec.batch, spec.width, generator=gen, dtype=torch.float64).to(dtype)
+    return x.requires_grad_(True), z
+
+
+def repro(spec: Spec, dtype: torch.dtype = torch.float32) -> str:
+    """A standalone script building the program and its inputs (what a failure report shows)."""
+    dt = str(dtype).replace("torch.", "")
+    return (
+        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n"
+        f"{module_source(spec)}\n"
+        f"torch.manual_seed(0)\nm = FuzzModule().to(torch.{dt}).train({spec.train})\n"
+        f"x = torch.randn({spec.batch}, {spec.width}, dtype=torch.{dt}, requires_grad=True)\n"
+        f"z = torch.randn({spec.batch}, {spec.width}, dtype=torch.{dt})\n"
+    )

@@ -1,0 +1,108 @@
+"""Fuzz runner: N seeded user programs through every Optimus path, with shrunk repros of failures.
+
+    scripts/fuzz --examples 10000                 # or OPTIMUS_FUZZ_EXAMPLES=10000 scripts/fuzz
+    scripts/fuzz --examples 300 --paths optimize,backend --start 5000
+
+Example ``k`` is the program ``fuzz_programs.random_spec(k)`` (a seeded ``random.Random``, so the
+same k is the same program on every machine and with any hypothesis version); every 4th one runs
+in float64 (tight tolerances), the rest in float32. The last lines are the summary
+``fuzz: N examples, F failures`` and, for each distinct failure (the check that failed, the
+constructs of the shrunk program, and who is responsible: see ``fuzz_checks.blame``), its count
+and its minimal program. Exit status 1 when any example failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, shrink
+from fuzz_programs import forward_source, random_spec
+
+
+def dtype_of(k: int, mode: str) -> torch.dtype:
+    if mode == "mixed":
+        return torch.float64 if k % 4 == 3 else torch.float32
+    return {"float32": torch.float32, "float64": torch.float64}[mode]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=int(os.environ.get("OPTIMUS_FUZZ_EXAMPLES", "100")))
+    parser.add_argument("--start", type=int, default=0, help="first example seed")
+    parser.add_argument("--paths", default=",".join(FAST_PATHS), help=f"comma list of {sorted(PATHS)}")
+    parser.add_argument("--dtype", default="mixed", choices=["mixed", "float32", "float64"])
+    parser.add_argument("--shrink", type=int, default=2, help="failures shrunk per check; 0: none")
+    parser.add_argument("--show", type=int, default=40, help="distinct failures printed")
+    args = parser.parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        parser.error(f"unknown path(s) {unknown}; valid: {sorted(PATHS)}")
+    warnings.filterwarnings("ignore")
+
+    seconds: Counter[str] = Counter()
+    fired: Counter[str] = Counter()
+    by_check: Counter[tuple[str, str]] = Counter()
+    shrunk: Counter[str] = Counter()
+    classes: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> [where seen..., source]
+    failures = invalid = 0
+    start = time.perf_counter()
+    for k in range(args.start, args.start + args.examples):
+        spec, dtype = random_spec(k), dtype_of(k, args.dtype)
+        results = check(spec, paths, dtype)
+        bad = False
+        for path, result in results.items():
+            seconds[path] += result.seconds
+            fired.update(result.fired)
+            checks = sorted({m.check for m in result.mismatches})
+            if "eager_raises" in checks:
+                invalid += 1
+                break
+            for name in checks:
+                bad = True
+                by_check[(path, name)] += 1
+                if shrunk[name] >= args.shrink or (name == "optimize_state" and path != paths[0]):
+                    continue
+                shrunk[name] += 1
+                small = shrink(spec, path, name, dtype)
+                key = (name, describe(small), blame(small, path, name, dtype))
+                if not classes[key]:
+                    classes[key].append(forward_source(small))
+                classes[key].append(f"{k}/{path}/{str(dtype).replace('torch.', '')}")
+        failures += bad
+        done = k - args.start + 1
+        if done % 25 == 0:
+            print(
+                f"... {done} examples, {failures} failures, {time.perf_counter() - start:.0f} s", flush=True
+            )
+    total = time.perf_counter() - start
+    n = args.examples
+    print(
+        "per example (s): "
+        + ", ".join(f"{p} {seconds[p] / max(n, 1):.3f}" for p in paths)
+        + f"; wall {total / max(n, 1):.3f} incl. eager, shrinking and blame"
+    )
+    print("rules fired: " + ", ".join(f"{r} {c}" for r, c in fired.most_common()))
+    print("failing checks: " + ", ".join(f"{p}/{c} {v}" for (p, c), v in by_check.most_common()))
+    for i, ((name, feats, who), entries) in enumerate(sorted(classes.items())):
+        if i >= args.show:
+            break
+        print(f"\n--- {name} | blame: {who} | constructs: {feats} | seen: {' '.join(entries[1:6])}")
+        print(entries[0])
+    if invalid:
+        print(f"\n{invalid} invalid programs (eager raised): a generator bug")
+    print(f"\nfuzz: {n} examples, {failures} failures")
+    return 1 if failures or invalid else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

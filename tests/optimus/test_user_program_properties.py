@@ -1,0 +1,198 @@
+"""Property: generated user programs (:mod:`fuzz_programs`: grad-mode and autocast regions, train
+BatchNorm and random ops next to duplicates, outputs that view inputs, layout-sensitive and in-place
+consumers, returned intermediates) give the caller exactly what eager gives, through ``optimize``
+(default config, launch-bound, relayout) and the ``optimus`` backend (eager inner compiler; see
+:mod:`fuzz_checks` for why), compared by :mod:`fuzz_checks` (values, dtypes, strides, aliasing,
+grads, buffers, RNG, inputs).
+
+GATED: at this commit the engine fails these properties (issue 13: see docs/optimus.md
+"Fuzzing"), so the parity properties and the known-failure repros (``fuzz_known_failures``) run
+only with ``OPTIMUS_FUZZ_ISSUE13=1``; pytest reports them as skipped with that reason, they are
+not hidden. Remove the gate (``gated``) when the issue-13 fixes merge. The generator, checker and
+rule-coverage tests always run.
+
+Budget: 25 examples per parity property (``OPTIMUS_FUZZ_PROPERTY_EXAMPLES``); more with
+``scripts/fuzz --examples N``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from fuzz_checks import FAST_PATHS, PATHS, Observation, compare, observe, reference, run_path
+from fuzz_choices import DrawChoices
+from fuzz_known_failures import KNOWN
+from fuzz_programs import (
+    CONSUMERS,
+    KINDS,
+    REGIONS,
+    Member,
+    Spec,
+    build,
+    features,
+    generate,
+    make_inputs,
+    random_spec,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ISSUE13 = os.environ.get("OPTIMUS_FUZZ_ISSUE13") == "1"
+gated = pytest.mark.skipif(
+    not ISSUE13, reason="fails until the issue-13 engine fixes merge; run with OPTIMUS_FUZZ_ISSUE13=1"
+)
+EXAMPLES = int(os.environ.get("OPTIMUS_FUZZ_PROPERTY_EXAMPLES", "25"))
+SEEDS = range(60)  # fixed programs: the same on every hypothesis version
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> Spec:
+    return generate(DrawChoices(draw))
+
+
+def _failures(spec: Spec, paths: tuple[str, ...], dtype: torch.dtype) -> list[str]:
+    ref = reference(spec, dtype)
+    assert ref.error is None, f"generator made an invalid program: {ref.error}"
+    return [str(m) for p in paths for m in run_path(spec, p, dtype, ref=ref).mismatches]
+
+
+# ---------------------------------------------------------------------------------------------
+# always on: the generator makes valid programs that cover the constructs, the checker sees each
+# kind of difference, and the programs make the rules fire
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_generated_programs_run_forward_and_backward_in_eager(dtype: torch.dtype) -> None:
+    for seed in range(30):
+        ref = reference(random_spec(seed), dtype)
+        assert ref.error is None, (seed, ref.error)
+
+
+def test_fixed_seeds_cover_every_construct() -> None:
+    seen: set[str] = set()
+    for seed in SEEDS:
+        seen |= features(random_spec(seed))
+    wanted = {f"kind:{k}" for k in KINDS} | {f"region:{r}" for r in REGIONS if r}
+    wanted |= {f"consumer:{c}" for c in CONSUMERS if c} | {"keep"}
+    assert wanted <= seen, sorted(wanted - seen)
+
+
+def _observe_doctored(doctor: str) -> tuple[Observation, Observation]:
+    """Eager and a deliberately wrong "optimized" call of one BatchNorm + random + linear program."""
+    spec = Spec(
+        members=(
+            Member("linear", "x", variant="bias"),
+            Member("bn_twice", "z"),
+            Member("random_dup", "x", variant="dropout"),
+        )
+    )
+    ref_mod = build(spec)
+    ref = observe(ref_mod, ref_mod, make_inputs(spec), 0)
+    mod = build(spec)
+
+    def wrong(x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = list(mod(x, z))
+        if doctor == "stride":
+            outs[0] = outs[0].t().contiguous().t()
+        elif doctor == "alias":
+            outs[0] = outs[0].clone()
+            outs[1] = outs[0]
+        elif doctor == "values":
+            outs[0] = outs[0] + 1e-2
+        elif doctor == "rounding":
+            outs[0] = outs[0] + 1e-7
+        elif doctor == "requires_grad":
+            outs[0] = outs[0].detach()
+        elif doctor == "rng":
+            torch.rand(1)
+        elif doctor == "inputs":
+            z.add_(1.0)
+        elif doctor == "buffers":
+            mod.bn1(z)
+        elif doctor == "dtype":
+            outs[0] = outs[0].double()
+        return tuple(outs)
+
+    return ref, observe(wrong, mod, make_inputs(spec), 0)
+
+
+@pytest.mark.parametrize(
+    "doctor, expected",
+    [
+        ("stride", {"stride", "contiguous"}),
+        ("alias", {"alias", "values"}),
+        ("values", {"values"}),
+        ("rounding", set()),  # float32 rounding is not a failure
+        ("requires_grad", {"requires_grad", "grad_presence"}),
+        ("rng", {"rng"}),
+        ("inputs", {"inputs"}),
+        ("buffers", {"buffers"}),
+        ("dtype", {"dtype", "values"}),
+    ],
+)
+def test_checker_sees_each_kind_of_difference(doctor: str, expected: set[str]) -> None:
+    ref, new = _observe_doctored(doctor)
+    found = {m.check for m in compare(ref, new, "doctored", low_precision=False)}
+    assert expected <= found and (expected or not found), (doctor, found)
+
+
+def test_generated_programs_exercise_the_rules() -> None:
+    """Fixed seeds (not hypothesis's distribution): the programs make the horizontal, split/cat and
+    cleanup rules fire, so the parity properties test rewrites, not untouched graphs."""
+    fired: dict[str, int] = {}
+    for seed in range(30):
+        spec = random_spec(seed)
+        module = build(spec)
+        _, report = PATHS["optimize"](module, make_inputs(spec), None)
+        for rule, n in report.rules_fired.items():
+            fired[rule] = fired.get(rule, 0) + n
+    wanted = ("batch_linear", "batch_layer_norm", "merge_shared_linear", "batch_unary", "batch_binary")
+    for rule in (*wanted, "split_cat", "stack_unbind", "normalize_split_cat", "cse", "dce"):
+        assert fired.get(rule, 0) > 0, (rule, fired)
+
+
+# ---------------------------------------------------------------------------------------------
+# gated until issue 13 is fixed: parity on generated programs
+
+
+@gated
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(specs())
+def test_user_programs_keep_everything_the_caller_sees(spec: Spec) -> None:
+    assert _failures(spec, FAST_PATHS, torch.float32) == []
+
+
+@gated
+@settings(
+    max_examples=max(EXAMPLES // 2, 5),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(specs())
+def test_user_programs_float64_exact(spec: Spec) -> None:
+    """float64 with tight tolerances (1e-9): a rounding difference cannot hide a real change."""
+    assert _failures(spec, ("optimize", "backend"), torch.float64) == []
+
+
+@gated
+@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.parametrize("seed", [3, 11])
+def test_user_programs_through_inductor(seed: int) -> None:
+    """The real ``backend="optimus"`` (Inductor compiles; ``fallback_random`` keeps eager's RNG)."""
+    assert _failures(random_spec(seed), ("inductor",), torch.float32) == []
+
+
+@gated
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_known_failure(name: str) -> None:
+    """Each distinct failing construct the fuzzers found (fuzz_known_failures.KNOWN), as a regression
+    test for the issue-13 fixes: every Optimus path must match eager on it."""
+    _, spec = KNOWN[name]
+    assert _failures(spec, FAST_PATHS, torch.float32) == []
