@@ -45,6 +45,9 @@ gated = pytest.mark.skipif(
 )
 EXAMPLES = int(os.environ.get("OPTIMUS_FUZZ_PROPERTY_EXAMPLES", "25"))
 SEEDS = range(60)  # fixed programs: the same on every hypothesis version
+# Seeds past the first 30 where batch_layer_norm and stack_unbind fire: since the layouts fix, a value
+# the caller sees raw needs a copy or stays fresh, and on the first 30 programs those never pay.
+RARE_RULE_SEEDS = (37, 72)  # batch_layer_norm, stack_unbind
 
 
 @st.composite
@@ -142,7 +145,7 @@ def test_generated_programs_exercise_the_rules() -> None:
     """Fixed seeds (not hypothesis's distribution): the programs make the horizontal, split/cat and
     cleanup rules fire, so the parity properties test rewrites, not untouched graphs."""
     fired: dict[str, int] = {}
-    for seed in range(30):
+    for seed in [*range(30), *RARE_RULE_SEEDS]:
         spec = random_spec(seed)
         module = build(spec)
         _, report = PATHS["optimize"](module, make_inputs(spec), None)
