@@ -18,7 +18,7 @@ from torch import fx
 from .builder import Builder
 from .graph_index import GraphIndex, group_by_key, stab_groups
 from .layout import ParamLayout, RuntimeStack
-from .meta import TensorMeta, tensor_meta, value_meta
+from .meta import TensorMeta, output_requires_grad, tensor_meta, value_meta
 from .normalize import Canon, canonicalize
 from .regions import context_kind
 from .rules.base import Candidate, Cost
@@ -133,6 +133,7 @@ class RewriteContext:
                 if len({regions.of(n) for n in members}) > 1:
                     self.decline(f"{rule.name}: grouping across {self.region_name(members)} region")
             buckets = split
+        buckets = self._split_by_requires_grad(rule.name, buckets)
         for members in buckets.values():
             if len(members) < self.cost_model.min_group:
                 continue
@@ -141,6 +142,21 @@ class RewriteContext:
             ):
                 before, after = rule.cost(group, self)
                 out.append(Candidate(rule.name, tuple(group), before, after, label=label))
+        return out
+
+    def _split_by_requires_grad(
+        self, rule_name: str, buckets: dict[Hashable, list[fx.Node]]
+    ) -> dict[Hashable, list[fx.Node]]:
+        """Members whose eager outputs differ in ``requires_grad`` are never batched: one stacked
+        result would require grad for all of them, and a caller sees the flag (``.numpy()`` raises,
+        ``.grad_fn`` is set). Unknown flags group only with unknown ones."""
+        out: dict[Hashable, list[fx.Node]] = {}
+        for k, members in buckets.items():
+            flags = [output_requires_grad(n) for n in members]
+            if len(set(flags)) > 1:
+                self.decline(f"{rule_name}: grouping values with and without requires_grad")
+            for node, flag in zip(members, flags, strict=True):
+                out.setdefault((flag, k), []).append(node)
         return out
 
     def local_candidates(self, rule: LocalRule) -> list[Candidate]:

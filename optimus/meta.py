@@ -222,3 +222,14 @@ def record(gm: fx.GraphModule, inputs: Any) -> None:
 
     with torch.no_grad():
         _Recorder(gm).run(*inputs)
+
+
+def output_requires_grad(node: fx.Node) -> bool | None:
+    """Whether the tensor this node produced at capture required grad (None: not recorded, or not
+    a single tensor). Read from the capture's example value, which Dynamo computed under the grad
+    mode the node runs in."""
+    for key in ("example_value", "val"):
+        value = node.meta.get(key)
+        if isinstance(value, torch.Tensor):
+            return bool(value.requires_grad)
+    return None

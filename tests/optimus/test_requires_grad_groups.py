@@ -1,0 +1,60 @@
+"""Horizontal groups never mix values with and without ``requires_grad``: one stacked result would
+require grad for every member, which a caller sees (``.numpy()`` raises, ``grad_fn`` is set).
+Found by the user-program fuzzer (tests/optimus/fuzz_run.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from optimus_helpers import LAUNCH_BOUND
+from torch import fx, nn
+
+import optimus
+from optimus.layout_relayout import RelayoutParams
+
+
+class PiecesOfTwoInputs(nn.Module):
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a0, b0 = torch.split(x, 3, dim=1)
+        a1, b1 = torch.split(z, 3, dim=1)
+        return F.gelu(b0), F.gelu(a0), F.gelu(b1), F.gelu(a1)
+
+
+def _eager_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    return gm.forward
+
+
+def _optimize(model: nn.Module, inputs: tuple[torch.Tensor, ...], path: str) -> Any:
+    if path == "backend":
+        cfg = optimus.OptimusConfig(cost_model=LAUNCH_BOUND)
+        return torch.compile(model, backend=optimus.backend(cfg, inner=_eager_backend))
+    layout = RelayoutParams() if path == "relayout" else None
+    config = optimus.OptimusConfig(cost_model=LAUNCH_BOUND, **({"layout": layout} if layout else {}))
+    return optimus.optimize(model, inputs, config=config)
+
+
+@pytest.mark.parametrize("path", ["default", "relayout", "backend"])
+def test_pieces_with_and_without_grad_keep_their_flags(path: str) -> None:
+    x, z = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+    expected = [o.requires_grad for o in PiecesOfTwoInputs()(x, z)]
+    assert expected == [True, True, False, False]
+    optimized = _optimize(PiecesOfTwoInputs(), (x, z), path)
+    got = optimized(x, z)
+    assert [o.requires_grad for o in got] == expected
+    for o, ref in zip(got, PiecesOfTwoInputs()(x, z), strict=True):
+        torch.testing.assert_close(o, ref)
+
+
+def test_the_report_says_why() -> None:
+    x, z = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+    gm = optimus.optimize(PiecesOfTwoInputs(), (x, z), cost_model=LAUNCH_BOUND)
+    assert "batch_unary: grouping values with and without requires_grad" in gm.optimus_report.declined_reasons
+
+
+def test_pieces_that_all_require_grad_are_still_batched() -> None:
+    x, z = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+    gm = optimus.optimize(PiecesOfTwoInputs(), (x, z), cost_model=LAUNCH_BOUND)
+    assert gm.optimus_report.rules_fired.get("batch_unary") == 1
