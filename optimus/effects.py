@@ -161,6 +161,12 @@ def _may_alias_output(node: fx.Node, canon: Canon | None, facts: OpFacts | None 
     return True
 
 
+def may_alias_output(node: fx.Node, canon: Canon | None) -> bool:
+    """Public form of :func:`_may_alias_output`: may this node's output share storage with an
+    input (a view, an in-place result, a no-op dropout, an unknown op)?"""
+    return _may_alias_output(node, canon)
+
+
 def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None]) -> set[fx.Node]:
     """Nodes whose order relative to each other must be kept, and that rules must not rewrite:
     effectful nodes plus every member of a mutated alias class (and their direct readers)."""

@@ -20,7 +20,7 @@ from typing import Any
 from torch import fx
 
 from ..context import RewriteContext
-from ..effects import effect_reason
+from ..effects import effect_reason, may_alias_output
 from ..normalize import _hashable
 from .base import CleanupRule
 
@@ -90,7 +90,7 @@ class CommonSubexpression(CleanupRule):
             if first is None:
                 seen[key] = node
                 continue
-            if _escapes(node) and _escapes(first):
+            if _escapes(node, ctx) and _escapes(first, ctx):
                 ctx.decline(
                     "cse: both values are outputs: not merged (the caller would get one tensor twice)"
                 )
@@ -103,9 +103,21 @@ class CommonSubexpression(CleanupRule):
         return merged
 
 
-def _escapes(node: fx.Node) -> bool:
-    """Returned to the caller as is (merging two such values would make two outputs one tensor)."""
-    return any(u.op == "output" for u in node.users)
+def _escapes(node: fx.Node, ctx: RewriteContext) -> bool:
+    """Returned to the caller, as is or through a chain of values that may share its storage
+    (views, no-op dropouts, unknown ops): merging two such values would make two outputs share
+    memory, so an in-place op on one would change the other (``sigmoid(a).as_strided(...)``
+    returned beside an identical ``sigmoid(a)``)."""
+    stack, seen = [node], {node}
+    while stack:
+        value = stack.pop()
+        for user in value.users:
+            if user.op == "output":
+                return True
+            if user not in seen and may_alias_output(user, ctx.canon(user)):
+                seen.add(user)
+                stack.append(user)
+    return False
 
 
 def _impure(node: fx.Node) -> bool:
