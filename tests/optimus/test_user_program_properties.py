@@ -5,11 +5,8 @@ consumers, returned intermediates) give the caller exactly what eager gives, thr
 :mod:`fuzz_checks` for why), compared by :mod:`fuzz_checks` (values, dtypes, strides, aliasing,
 grads, buffers, RNG, inputs).
 
-GATED: at this commit the engine fails these properties (issue 13: see docs/optimus.md
-"Fuzzing"), so the parity properties and the known-failure repros (``fuzz_known_failures``) run
-only with ``OPTIMUS_FUZZ_ISSUE13=1``; pytest reports them as skipped with that reason, they are
-not hidden. Remove the gate (``gated``) when the issue-13 fixes merge. The generator, checker and
-rule-coverage tests always run.
+The known-failure repros (``fuzz_known_failures``: each construct the fuzzers found failing on the
+engine before the issue-13 fixes) run as regression tests.
 
 Budget: 25 examples per parity property (``OPTIMUS_FUZZ_PROPERTY_EXAMPLES``); more with
 ``scripts/fuzz --examples N``.
@@ -39,10 +36,6 @@ from fuzz_programs import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ISSUE13 = os.environ.get("OPTIMUS_FUZZ_ISSUE13") == "1"
-gated = pytest.mark.skipif(
-    not ISSUE13, reason="fails until the issue-13 engine fixes merge; run with OPTIMUS_FUZZ_ISSUE13=1"
-)
 EXAMPLES = int(os.environ.get("OPTIMUS_FUZZ_PROPERTY_EXAMPLES", "25"))
 SEEDS = range(60)  # fixed programs: the same on every hypothesis version
 # Seeds past the first 30 where batch_layer_norm and stack_unbind fire: since the layouts fix, a value
@@ -157,10 +150,17 @@ def test_generated_programs_exercise_the_rules() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# gated until issue 13 is fixed: parity on generated programs
+# parity on generated programs
 
 
-@gated
+OPEN_ALIAS_BUG = (
+    "open: two identical cat(split(h)) results returned beside their views come back as h itself "
+    "(cse + split_cat), so four outputs share memory where eager had two pairs; see "
+    "test_duplicated_cat_of_split_outputs_stay_apart; set OPTIMUS_FUZZ_OPEN=1 to run"
+)
+
+
+@pytest.mark.skipif(os.environ.get("OPTIMUS_FUZZ_OPEN") != "1", reason=OPEN_ALIAS_BUG)
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -171,7 +171,6 @@ def test_user_programs_keep_everything_the_caller_sees(spec: Spec) -> None:
     assert _failures(spec, FAST_PATHS, torch.float32) == []
 
 
-@gated
 @settings(
     max_examples=max(EXAMPLES // 2, 5),
     deadline=None,
@@ -183,7 +182,6 @@ def test_user_programs_float64_exact(spec: Spec) -> None:
     assert _failures(spec, ("optimize", "backend"), torch.float64) == []
 
 
-@gated
 @pytest.mark.slow
 @pytest.mark.compile
 @pytest.mark.parametrize("seed", [3, 11])
@@ -192,10 +190,33 @@ def test_user_programs_through_inductor(seed: int) -> None:
     assert _failures(random_spec(seed), ("inductor",), torch.float32) == []
 
 
-@gated
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_known_failure(name: str) -> None:
     """Each distinct failing construct the fuzzers found (fuzz_known_failures.KNOWN), as a regression
     test for the issue-13 fixes: every Optimus path must match eager on it."""
     _, spec = KNOWN[name]
     assert _failures(spec, FAST_PATHS, torch.float32) == []
+
+
+@pytest.mark.xfail(strict=True, reason=OPEN_ALIAS_BUG)
+def test_duplicated_cat_of_split_outputs_stay_apart() -> None:
+    """The construct the float32 property found after the issue-13 merges (still open)."""
+
+    def member(kind: str, variant: str) -> Member:
+        src = "x" if kind == "tower" else "h"
+        return Member(kind=kind, src=src, region="", consumer="", variant=variant, keep=True)
+
+    spec = Spec(
+        members=(
+            member("tower", "tanh"),
+            member("tower", "tanh"),
+            member("split_cat", "plain"),
+            member("split_cat", "plain"),
+        ),
+        batch=2,
+        width=4,
+        hidden=4,
+        train=False,
+        shared_blocks=False,
+    )
+    assert _failures(spec, ("default",), torch.float32) == []
