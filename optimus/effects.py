@@ -131,7 +131,9 @@ def effect_reason(node: fx.Node, canon: Canon | None) -> str | None:
     return None
 
 
-class _UnionFind:
+class UnionFind:
+    """Alias classes of fx nodes (union-find with path halving)."""
+
     def __init__(self) -> None:
         self.parent: dict[fx.Node, fx.Node] = {}
 
@@ -179,7 +181,7 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
     written = [m for n in effectful for m in mutated_args(n, canons.get(n), facts[n])]
     if not written:
         return effectful
-    classes = _UnionFind()
+    classes = UnionFind()
     for node in node_list:
         if _may_alias_output(node, canons.get(node), facts[node]):
             for inp in node.all_input_nodes:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from ..effects import UnionFind
 from ..normalize import VIEW_OPS
 
 if TYPE_CHECKING:
@@ -74,18 +75,18 @@ def may_alias(node: fx.Node, ctx: RewriteContext) -> bool:
     return True
 
 
-class _Aliases:
+class _Aliases(UnionFind):
     """Alias classes of one round's graph, which nodes reach the output, which classes hold a
     model input or parameter."""
 
     def __init__(self, ctx: RewriteContext) -> None:
+        super().__init__()
         self.ctx = ctx
-        self.parent: dict[fx.Node, fx.Node] = {}
         nodes = ctx.index.nodes
         self.aliasing = {n for n in nodes if may_alias(n, ctx)}
         for node in self.aliasing:
             for inp in node.all_input_nodes:
-                self._union(node, inp)
+                self.union(node, inp)
         outputs: set[fx.Node] = set()
         for node in nodes:
             if node.op == "output":
@@ -103,18 +104,6 @@ class _Aliases:
                 self.escapers.setdefault(root, []).append(node)
             if node.op in ("placeholder", "get_attr"):
                 self.sourced.add(root)
-
-    def find(self, x: fx.Node) -> fx.Node:
-        parent = self.parent.setdefault(x, x)
-        while parent is not x:
-            self.parent[x] = self.parent.setdefault(parent, parent)
-            x, parent = parent, self.parent[parent]
-        return x
-
-    def _union(self, a: fx.Node, b: fx.Node) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra is not rb:
-            self.parent[ra] = rb
 
     def descendants(self, olds: Sequence[fx.Node]) -> set[fx.Node]:
         """``olds`` and every value that may be a view of one of them."""
