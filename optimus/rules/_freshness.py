@@ -98,6 +98,10 @@ class _Aliases(UnionFind):
                 self.escapes.add(node)
         self.escapers: dict[fx.Node, list[fx.Node]] = {}
         self.sourced: set[fx.Node] = set()
+        # alias roots a rewrite found this round will hand to the caller, by the values it
+        # replaces: two returned cats of one tensor must not both become it (they would share
+        # memory), even though each one alone is fine
+        self.claimed: dict[fx.Node, frozenset[fx.Node]] = {}
         for node in nodes:
             root = self.find(node)
             if node in self.escapes:
@@ -136,6 +140,7 @@ def breaks_freshness(pairs: Sequence[tuple[fx.Node, Any]], ctx: RewriteContext) 
     escaping = [(old, new) for old, new in pairs if old in classes.escapes]
     if not escaping:
         return False
+    old_set = frozenset(old for old, _ in pairs)
     moved = classes.descendants([old for old, _ in pairs])
     for old, _ in escaping:
         if any(e not in moved for e in classes.escapers.get(classes.find(old), ())):
@@ -149,5 +154,9 @@ def breaks_freshness(pairs: Sequence[tuple[fx.Node, Any]], ctx: RewriteContext) 
         root = classes.find(new)
         if root in classes.sourced or classes.escapers.get(root) or root in seen:
             return True
+        if classes.claimed.get(root, old_set) != old_set:
+            return True  # another rewrite of this round already hands this tensor to the caller
         seen.add(root)
+    for root in seen:
+        classes.claimed[root] = old_set
     return False
