@@ -130,16 +130,16 @@ def observe(
     obs.buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
     gen = torch.Generator().manual_seed(seed + 1)
     loss: Any = 0.0
-    for o in outs:
-        w = torch.randn(o.shape, generator=gen, dtype=torch.float64)
-        if o.requires_grad:
-            loss = loss + (o.double() * w).sum()
-    if isinstance(loss, torch.Tensor):
-        try:
+    try:  # reading an output can raise too (a no_grad view of a base written in place later)
+        for o in outs:
+            w = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+            if o.requires_grad:
+                loss = loss + (o.double() * w).sum()
+        if isinstance(loss, torch.Tensor):
             loss.backward()
-        except Exception as exc:
-            obs.error = f"backward: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            return obs
+    except Exception as exc:
+        obs.error = f"backward: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return obs
     obs.grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in module.named_parameters()}
     for k, t in enumerate(inputs):
         if t.requires_grad:
