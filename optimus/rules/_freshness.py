@@ -25,54 +25,12 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import fx
 
-from ..effects import UnionFind
-from ..normalize import VIEW_OPS
+from ..effects import UnionFind, may_alias_output
 
 if TYPE_CHECKING:
     from ..context import RewriteContext
-
-# ops with no canonical form that always return new storage
-_FRESH_FUNCTIONS: frozenset[Any] = frozenset(
-    {
-        torch.bmm,
-        torch.baddbmm,
-        torch.mm,
-        torch.addmm,
-        torch.matmul,
-        torch.cat,
-        torch.stack,
-        torch.sum,
-        torch.mean,
-        torch.softmax,
-        torch.log_softmax,
-        torch.nn.functional.softmax,
-        torch.nn.functional.log_softmax,
-        torch.clone,
-        torch.where,
-    }
-)
-_FRESH_METHODS = frozenset({"sum", "mean", "softmax", "log_softmax", "clone", "size", "dim", "numel"})
-
-
-def may_alias(node: fx.Node, ctx: RewriteContext) -> bool:
-    """Can ``node``'s result share memory with one of its inputs? Unknown ops: assume yes."""
-    if node.op in ("placeholder", "get_attr", "output"):
-        return False
-    canon = ctx.canon(node)
-    if canon is not None:
-        # dropout returns its input itself when it is off (p == 0 or not training)
-        return canon.op in VIEW_OPS or canon.inplace or canon.op == "dropout"
-    if node.op == "call_method":
-        return str(node.target) not in _FRESH_METHODS
-    if node.op == "call_function":
-        try:
-            return node.target not in _FRESH_FUNCTIONS
-        except TypeError:
-            return True
-    return True
 
 
 class _Aliases(UnionFind):
@@ -83,7 +41,7 @@ class _Aliases(UnionFind):
         super().__init__()
         self.ctx = ctx
         nodes = ctx.index.nodes
-        self.aliasing = {n for n in nodes if may_alias(n, ctx)}
+        self.aliasing = {n for n in nodes if may_alias_output(n, ctx.canon(n))}
         for node in self.aliasing:
             for inp in node.all_input_nodes:
                 self.union(node, inp)
