@@ -32,6 +32,24 @@ from ._split_cat_layout import copies_if_strided
 from .base import Cost, HorizontalRule
 
 
+def stacked_linear(
+    x: fx.Node, canons: Sequence[Any], lead: Sequence[int], n_out: int, b: Builder
+) -> list[fx.Node]:
+    """``x`` ([G, rows, K]) times the members' stacked weights (plus their biases): one ``bmm`` or
+    ``baddbmm``, unbound into G outputs of shape ``lead + (N,)``, each contiguous. Shared by
+    ``batch_linear`` and ``merge_shared_linear``'s equal-width form."""
+    g = len(canons)
+    w = b.stacked_params([c["weight"] for c in canons], transpose=True)  # [G, K, N]
+    if canons[0]["bias"] is not None:
+        bias = b.method("unsqueeze", b.stacked_params([c["bias"] for c in canons]), 1)  # [G, 1, N]
+        out = b.call(torch.baddbmm, bias, x, w)
+    else:
+        out = b.call(torch.bmm, x, w)
+    if len(lead) != 1:
+        out = b.method("reshape", out, g, *lead, n_out)
+    return list(b.unbind(out, g))
+
+
 class BatchLinear(HorizontalRule):
     name = "batch_linear"
 
@@ -58,15 +76,7 @@ class BatchLinear(HorizontalRule):
         x = b.stack([c["input"] for c in canons])  # [G, *lead, K]
         if len(lead) != 1:
             x = b.method("reshape", x, g, -1, k)
-        w = b.stacked_params([c["weight"] for c in canons], transpose=True)  # [G, K, N]
-        if canons[0]["bias"] is not None:
-            bias = b.method("unsqueeze", b.stacked_params([c["bias"] for c in canons]), 1)
-            out = b.call(torch.baddbmm, bias, x, w)
-        else:
-            out = b.call(torch.bmm, x, w)
-        if len(lead) != 1:
-            out = b.method("reshape", out, g, *lead, n_out)
-        return b.unbind(out, g)
+        return stacked_linear(x, canons, lead, n_out, b)
 
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
         canons = [ctx.must_canon(n) for n in nodes]

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import fx
 
@@ -29,6 +28,7 @@ from ..context import RewriteContext
 from ..meta import TensorMeta, contiguous_stride
 from ._split_cat_layout import layout_observed
 from .base import Cost, HorizontalRule
+from .batch_linear import stacked_linear
 
 
 class MergeSharedLinear(HorizontalRule):
@@ -131,15 +131,7 @@ def _fuse_batched(canons: Sequence[Any], n_out: int, b: Builder) -> list[fx.Node
         rows *= d
     x2 = x if len(lead) == 1 else b.method("reshape", x, rows, k_in)
     xs = b.method("expand", b.method("unsqueeze", x2, 0), g, rows, k_in)
-    w = b.stacked_params([c["weight"] for c in canons], transpose=True)  # [G, K, N]
-    if canons[0]["bias"] is not None:
-        bias = b.method("unsqueeze", b.stacked_params([c["bias"] for c in canons]), 1)  # [G, 1, N]
-        out = b.call(torch.baddbmm, bias, xs, w)
-    else:
-        out = b.call(torch.bmm, xs, w)
-    if len(lead) != 1:
-        out = b.method("reshape", out, g, *lead, n_out)
-    return b.unbind(out, g)
+    return stacked_linear(xs, canons, lead, n_out, b)
 
 
 def _observed_pieces(nodes: Sequence[fx.Node], widths: Sequence[int], ctx: RewriteContext) -> list[bool]:
