@@ -209,7 +209,9 @@ class RewriteContext:
                 (self._label(u) for u in old.users), default=math.inf
             ):
                 return None
-        if not self._stays_in_region(cand, replacements, created):
+        if not self._stays_in_region(cand, replacements, created) or not self._keeps_requires_grad(
+            cand, replacements, created
+        ):
             return None
         rewired: list[tuple[fx.Node, fx.Node, fx.Node]] = []
         for old, new in zip(cand.nodes, replacements, strict=False):
@@ -249,6 +251,20 @@ class RewriteContext:
                 continue
             if new in regions.indexed and regions.as_replacement(new) != regions.as_replacement(old):
                 self.decline(f"{cand.rule}: replacement from another {self.region_name([new, old])} region")
+                return False
+        return True
+
+    def _keeps_requires_grad(
+        self, cand: Candidate, replacements: Sequence[fx.Node], created: set[fx.Node]
+    ) -> bool:
+        """An existing value replaces another only if both required grad alike at capture
+        (``cat(split(h.contiguous()))`` under ``no_grad`` does not require grad; ``h`` does)."""
+        for old, new in zip(cand.nodes, replacements, strict=False):
+            if new is old or new in created:
+                continue
+            a, b = output_requires_grad(old), output_requires_grad(new)
+            if a is not None and b is not None and a != b:
+                self.decline(f"{cand.rule}: replacement with a different requires_grad")
                 return False
         return True
 

@@ -58,3 +58,32 @@ def test_pieces_that_all_require_grad_are_still_batched() -> None:
     x, z = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
     gm = optimus.optimize(PiecesOfTwoInputs(), (x, z), cost_model=LAUNCH_BOUND)
     assert gm.optimus_report.rules_fired.get("batch_unary") == 1
+
+
+class CatOfSplitUnderNoGrad(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.5
+        with torch.no_grad():
+            return torch.cat(torch.split(h.contiguous(), 2, dim=1), dim=1)
+
+
+class StackOfUnbindUnderNoGrad(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.5
+        with torch.no_grad():
+            return torch.stack(torch.unbind(h.view(4, 4), 1), 1)
+
+
+@pytest.mark.parametrize("model", [CatOfSplitUnderNoGrad, StackOfUnbindUnderNoGrad])
+@pytest.mark.parametrize("path", ["default", "relayout", "backend"])
+def test_a_view_made_under_no_grad_is_not_replaced_by_its_grad_base(
+    model: type[nn.Module], path: str
+) -> None:
+    """Found by the fuzz runner at HEAD of the issue-13 merges: the split/cat rules replaced the
+    no-grad result by ``h`` itself, which requires grad."""
+    x = torch.randn(4, 4, requires_grad=True)
+    expected = model()(x)
+    assert not expected.requires_grad
+    got = _optimize(model(), (x,), path)(x)
+    assert got.requires_grad == expected.requires_grad
+    torch.testing.assert_close(got, expected)
