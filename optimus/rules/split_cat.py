@@ -10,8 +10,10 @@ Inside a cat that also has other inputs, a run of k pieces becomes one input (a 
 that saves little (a shorter input list) and costs a view dispatch, so it is rated by the cost
 model and fires only for long runs or when the split itself dies. A split piece with other users
 keeps the split (only the cat changes). Declines when dims differ, the order is permuted or has
-gaps, a node involved is mutated or effectful (ordered), or the result would return a model input
-or parameter itself as a graph output.
+gaps, or a node involved is mutated or effectful (ordered). Where the result would hand the caller
+memory it already holds (a model input, a parameter, another output), or a strided source whose
+layout a consumer observes, a whole round trip or run becomes one contiguous clone instead (see
+``_round_trip``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,31 @@ def _dying_views(cat: ListView, runs: list[Run], ctx: RewriteContext) -> int:
     )
 
 
+def _fresh(y: torch.Tensor) -> torch.Tensor:
+    """What a cat of pieces of ``y`` returns: new contiguous storage with ``y``'s values."""
+    return y.clone(memory_format=torch.contiguous_format)
+
+
+def _copy(node: fx.Node, ctx: RewriteContext) -> Cost:
+    """One plain copy of ``node``'s result (what the clone costs)."""
+    return copy_cost(node, ctx, 0)
+
+
+def _round_trip(node: fx.Node, source: fx.Node, before: Cost, ctx: RewriteContext) -> Found | None:
+    """``cat`` of every piece of ``source`` in order: ``source`` itself where handing it back is
+    unobservable; otherwise one fresh contiguous copy of it (``clone``), which is what the caller
+    saw from eager: new storage, contiguous, the same values and autograd, for one copy instead of
+    split views plus a multi-input cat. WHY not decline: a declined ``cat(split(x.view(..)))``
+    reaches Inductor, whose post-grad ``splitwithsizes_cat_replace`` pattern returns ``x``'s view
+    itself (torch 2.13), so under ``backend="optimus"`` the caller would get its input back; a
+    ``clone`` survives Inductor (its no-op removal keeps clones of inputs that are outputs)."""
+    if not breaks_freshness([(node, source)], ctx) and layout_safe(node, source, ctx):
+        return Found((node,), before, Cost(), ("input", source))
+    if not layout_safe(node, built_meta(_fresh, source), ctx):
+        return None
+    return Found((node,), before, _copy(node, ctx), ("fresh", source))
+
+
 class SplitCat(NodeSetRule):
     name = "split_cat"
     anchors = frozenset({"cat"})
@@ -92,12 +119,10 @@ class SplitCat(NodeSetRule):
             split = split_view(cat.whole, ctx)
             if split is None or split.dim != cat.dim or not all_movable([cat.whole], ctx):
                 return None
-            if breaks_freshness([(node, split.input)], ctx) or not layout_safe(node, split.input, ctx):
-                return None
             before = copy_cost(node, ctx, len(split.sizes))
             if tuple_dies_with(cat.whole, [node]):
                 before = before + VIEW
-            return Found((node,), before, Cost(), ("input", split.input))
+            return _round_trip(node, split.input, before, ctx)
         runs = _runs(cat, ctx)
         if not runs:
             return None
@@ -110,12 +135,15 @@ class SplitCat(NodeSetRule):
             meta = ctx.meta(source)
             full = meta is not None and start == 0 and length == meta.shape[dim]
             if full:
-                if breaks_freshness([(node, source)], ctx) or not layout_safe(node, source, ctx):
-                    return None
-                return Found((node,), before, Cost(), ("input", source))
+                return _round_trip(node, source, before, ctx)
             built = built_meta(lambda y: y.narrow(dim, start, length), source)
             if breaks_freshness([(node, source)], ctx) or not layout_safe(node, built, ctx):
-                return None
+                fresh = built_meta(lambda y: _fresh(y.narrow(dim, start, length)), source)
+                if not layout_safe(node, fresh, ctx):
+                    return None
+                return Found(
+                    (node,), before, VIEW + _copy(node, ctx), ("fresh_narrow", (source, dim, start, length))
+                )
             return Found((node,), before, VIEW, ("narrow", (source, dim, start, length)))
         # runs inside a longer cat: each becomes one narrow view
         new_inputs: list[Any] = []
@@ -133,6 +161,11 @@ class SplitCat(NodeSetRule):
             return [data[1]]
         if data[0] == "narrow":
             return [b.call(torch.narrow, *data[1])]
+        if data[0] == "fresh":
+            return [b.call(torch.clone, data[1], memory_format=torch.contiguous_format)]
+        if data[0] == "fresh_narrow":
+            view = b.call(torch.narrow, *data[1])
+            return [b.call(torch.clone, view, memory_format=torch.contiguous_format)]
         _, inputs, dim = data
         made = [v if isinstance(v, fx.Node) else b.call(torch.narrow, *v) for v in inputs]
         return [b.call(torch.cat, made, dim=dim)]

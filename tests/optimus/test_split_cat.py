@@ -142,8 +142,36 @@ def test_cat_result_mutated_does_not_fire() -> None:
     _no_fire(f)
 
 
-def test_would_return_the_model_input_itself_does_not_fire() -> None:
-    _no_fire(lambda self, x: torch.cat(torch.split(x, 4, 1), 1))
+def test_would_return_the_model_input_itself_becomes_a_fresh_copy() -> None:
+    """The caller must not get its own input back: one contiguous clone replaces split + cat."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        return torch.cat(torch.split(x, 4, 1), 1)
+
+    x = torch.randn(3, 8)
+    gm = run(f, [x], RULES)
+    assert fired(gm, "split_cat") == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.clone], targets
+    out = gm(x)
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+
+
+def test_would_return_a_strided_input_as_a_contiguous_copy() -> None:
+    """``cat`` of the pieces of ``x.t()`` is contiguous in eager; the clone keeps that layout."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        return torch.cat(torch.split(x.t(), 2, 1), 1)
+
+    x = torch.randn(4, 6)
+    gm = run(f, [x], RULES)
+    assert fired(gm, "split_cat") == 1
+    out, want = gm(x), f(None, x)
+    assert out.stride() == want.stride() and out.is_contiguous()
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
 def test_default_cost_model_fires_on_a_round_trip() -> None:
@@ -218,15 +246,20 @@ def test_slices_that_overlap_or_skip_do_not_fire() -> None:
     assert ops(gm, "cat") == 3
 
 
-def test_strided_input_feeding_a_view_does_not_fire() -> None:
-    """cat returns a contiguous copy; x.t() is strided and ``.view`` on it would raise."""
+def test_strided_input_feeding_a_view_gets_a_contiguous_copy() -> None:
+    """cat returns a contiguous copy; x.t() is strided and ``.view`` on it would raise, so the
+    round trip becomes a contiguous clone, never the strided source itself."""
 
     def f(self, x):  # type: ignore[no-untyped-def]
         y = (x * 2.0).t()
         return torch.cat(torch.split(y, 2, 1), 1).view(-1), torch.cat([y[:, 0:2], y[:, 2:4]], 1).view(-1)
 
-    gm = run(f, [torch.randn(6, 3)], RULES)
-    assert fired(gm, "split_cat") == 0
+    x = torch.randn(6, 3)
+    gm = run(f, [x], RULES)
+    assert fired(gm, "split_cat") == 2
+    assert ops(gm, "cat") == 0
+    for got, want in zip(gm(x), f(None, x), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_exported_graph_with_known_contiguous_input_fires_before_a_view() -> None:
@@ -243,7 +276,16 @@ def test_exported_graph_with_known_contiguous_input_fires_before_a_view() -> Non
     assert_parity(mod, gm, xs)
 
 
-def test_would_return_a_view_of_the_model_input_does_not_fire() -> None:
-    """cat returns a copy; a narrow view of x returned instead would let the caller write into x."""
-    gm = _no_fire(lambda self, x: torch.cat([x[:, 2:4], x[:, 4:6]], 1))
-    assert ops(gm, "narrow") == 0
+def test_would_return_a_view_of_the_model_input_becomes_a_fresh_copy() -> None:
+    """cat returns a copy; a narrow view of x returned instead would let the caller write into x,
+    so the run becomes a clone of the narrow view (new contiguous storage, as eager's)."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        return torch.cat([x[:, 2:4], x[:, 4:6]], 1)
+
+    x = torch.randn(4, 12)
+    gm = run(f, [x], RULES)
+    assert fired(gm, "split_cat") == 1 and ops(gm, "cat") == 0
+    out = gm(x)
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr() and out.is_contiguous()
+    torch.testing.assert_close(out, f(None, x), rtol=0, atol=0)
