@@ -27,13 +27,13 @@ import torch
 from torch import fx
 
 from .builder import Builder
+from .candidate import Candidate
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
 from .regions import describe
 from .report import OptimusReport
 from .rules import resolve
-from .rules.base import Candidate
 from .verify import Verifier
 
 log = logging.getLogger("optimus")
