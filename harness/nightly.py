@@ -14,8 +14,8 @@ One night, in order:
    cell re-runs in a fresh process, up to ``rerun.max_reruns`` times); it is a regression
    only if every measurement flags it. The stored cell is the last measurement.
 4. asv: ``asv run <sha>^!`` for the configured benchmarks, fed the final harness cells
-   (``OPTIMUS_ASV_CELLS``) so compiled cells are not measured twice, then ``asv compare``
-   against the base commit. A flagged asv figure is re-measured (its harness cells, or the
+   (``OPTIMUS_ASV_CELLS``) so compiled cells are not measured twice, then its results files
+   are compared with the base commit's (``harness.asv_results``, asv compare's rules). A flagged asv figure is re-measured (its harness cells, or the
    asv benchmark itself) and re-compared before it counts. Figures the harness comparison
    already judges are ``report_only``.
 5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 2 when
@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import compare, exit_codes, history_store, results
+from harness import asv_results, compare, exit_codes, history_store, results
+from harness.asv_results import AsvRow
 from harness.env import REPO_ROOT, git_info
 from harness.nightly_changes import (
     ChangeConfig,
@@ -245,29 +246,6 @@ def confirm_regressions(
 # --------------------------------------------------------------------------- asv
 
 
-@dataclass
-class AsvRow:
-    mark: str
-    before: str
-    after: str
-    ratio: str
-    name: str
-    verdict: str = ""
-
-
-def parse_asv_compare(text: str) -> list[AsvRow]:
-    """Rows of ``asv compare`` (GitHub table format): change mark, before, after, ratio, name."""
-    rows: list[AsvRow] = []
-    for line in text.splitlines():
-        if not line.startswith("|") or line.startswith("|--") or "Benchmark (Parameter)" in line:
-            continue
-        cols = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cols) != 5:
-            continue
-        rows.append(AsvRow(cols[0], cols[1], cols[2], cols[3], cols[4]))
-    return rows
-
-
 def classify_asv(rows: list[AsvRow], higher_is_better: Iterable[str], report_only: Iterable[str]) -> None:
     """Set each row's verdict. asv marks '+' for a significant increase, '-' for a decrease."""
     hib, ro = tuple(higher_is_better), tuple(report_only)
@@ -311,6 +289,7 @@ class Asv:
     ) -> None:
         self.conf = conf
         self.log = log
+        self.machine_name = machine
         self.machine = ["--machine", machine] if machine else []
         self.logfile = logfile
 
@@ -343,18 +322,15 @@ class Asv:
         # asv exits 2 when a benchmark failed; that is reported per row by compare, not fatal.
         return self(*args, f"{sha}^!", env=env, check=False)
 
-    def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
-        return self(
-            "compare",
-            *self.machine,
-            "--factor",
-            str(factor),
-            "--no-only-changed",
-            "--sort",
-            "name",
-            base_sha,
-            new_sha,
-        )
+    def compare(self, base_sha: str, new_sha: str, factor: float) -> list[AsvRow]:
+        """The two commits' figures, read from asv's results files (``harness.asv_results``)."""
+        results_dir = Path(read_asv_conf(self.conf).get("results_dir", "results"))
+        if not results_dir.is_absolute():
+            results_dir = self.conf.resolve().parent / results_dir
+        machine = asv_results.default_machine(self.machine_name)
+        self.log(f"comparing asv results of {base_sha[:10]} and {new_sha[:10]} in {results_dir / machine}")
+        before = asv_results.read_commit(results_dir, machine, base_sha)
+        return asv_results.compare(before, asv_results.read_commit(results_dir, machine, new_sha), factor)
 
 
 def read_asv_conf(conf: Path) -> dict[str, Any]:
@@ -782,7 +758,7 @@ def _asv_part(
         )
     if not base_entry.get("asv", False):
         return None, f"the base night {base_sha[:10]} has no asv results; asv figures recorded only.", False
-    rows = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+    rows = asv.compare(base_sha, sha, cfg.asv_factor)
     classify_asv(rows, cfg.higher_is_better, cfg.report_only)
     flagged = [r for r in rows if r.verdict == "regression"]
     for attempt in range(1, cfg.max_reruns + 1):
@@ -802,7 +778,7 @@ def _asv_part(
         results.save_atomic(new_path, new)
         log(f"asv rerun {attempt}: {sorted(benches)}")
         asv.run(sha, sorted(benches), cfg.asv_quick, env)
-        rows2 = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+        rows2 = asv.compare(base_sha, sha, cfg.asv_factor)
         classify_asv(rows2, cfg.higher_is_better, cfg.report_only)
         still = {r.name for r in rows2 if r.verdict == "regression"}
         by_name = {r.name: r for r in rows2}
@@ -812,5 +788,5 @@ def _asv_part(
                 if r.name in by_name:
                     r.after, r.ratio = by_name[r.name].after, by_name[r.name].ratio
         flagged = [r for r in flagged if r.name in still]
-    note = f"`asv compare --factor {cfg.asv_factor}` of {base_sha[:10]} -> {sha[:10]}."
+    note = f"asv results of {base_sha[:10]} -> {sha[:10]}, compared as `asv compare --factor {cfg.asv_factor}` does."
     return rows, note, bool(flagged)
