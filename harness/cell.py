@@ -220,7 +220,6 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
     forward = forward_fn(b, train)
 
-    reports_before = len(modes.optimus_reports())
     graphs_before = dynamo_counts()["graphs"]  # the model builder may have run Dynamo itself
     # First call: compile time (for eager+optimus: the optimize call) and parity.
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -230,8 +229,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     first_call_s = time.perf_counter() - t0
     cell["first_call_s"] = first_call_s
     graphs_first = dynamo_counts()["graphs"]
-    if key.mode == "compile+optimus":  # what the backend did inside torch.compile
-        cell.update({k: v for k, v in modes.merge_reports(modes.optimus_reports()[reports_before:]).items()})
+    if prepared.reports:  # what optimus did to this cell's module (all its graphs)
+        cell.update(modes.merge_reports(prepared.reports))
     cell["prepare_s"] = prepared.prepare_s
 
     parity: dict[str, Any] = {"reference": "eager"}

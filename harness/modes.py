@@ -59,6 +59,9 @@ class Prepared:
     module: Any
     prepare_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    # the optimus reports behind ``module`` (a backend's own list fills at the first call); the
+    # cell reads them here, not from a module global of optimus
+    reports: list[Any] = field(default_factory=list)
 
 
 def _optimus() -> Any:
@@ -83,19 +86,6 @@ def report_fields(report: Any) -> dict[str, Any]:
         "rules_fired": d.get("rules_fired"),
         "stop_reason": d.get("stop_reason"),
     }
-
-
-def optimus_reports() -> list[Any]:
-    """Reports of graphs the optimus backend optimized so far in this process (empty if none)."""
-    import importlib
-    import sys
-
-    if "optimus" not in sys.modules:
-        return []
-    try:
-        return list(importlib.import_module("optimus.backend").LAST_REPORTS)
-    except (ImportError, AttributeError):
-        return []
 
 
 def merge_reports(reports: list[Any]) -> dict[str, Any]:
@@ -134,7 +124,7 @@ def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
         # with runtime stacking every call re-stacks the fused weights, which costs more than
         # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
         gm, dt, fields = _optimize_relayout(dense, example_inputs)
-        return Prepared(gm, dt, fields)
+        return Prepared(gm, dt, fields, _reports_of(gm))
     import torch._inductor.config as inductor_config
 
     if mode == "compile":
@@ -153,7 +143,12 @@ def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
     # compile time (prepare_s).
     gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True)
     fields["optimus_path"] = "optimize+relayout, then Inductor"
-    return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields)
+    return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields, _reports_of(gm))
+
+
+def _reports_of(gm: Any) -> list[Any]:
+    report = getattr(gm, "optimus_report", None)
+    return [] if report is None else [report]
 
 
 def _optimize_relayout(

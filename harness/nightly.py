@@ -14,8 +14,8 @@ One night, in order:
    cell re-runs in a fresh process, up to ``rerun.max_reruns`` times); it is a regression
    only if every measurement flags it. The stored cell is the last measurement.
 4. asv: ``asv run <sha>^!`` for the configured benchmarks, fed the final harness cells
-   (``OPTIMUS_ASV_CELLS``) so compiled cells are not measured twice, then ``asv compare``
-   against the base commit. A flagged asv figure is re-measured (its harness cells, or the
+   (``OPTIMUS_ASV_CELLS``) so compiled cells are not measured twice, then its results files
+   are compared with the base commit's (``harness.asv_results``, asv compare's rules). A flagged asv figure is re-measured (its harness cells, or the
    asv benchmark itself) and re-compared before it counts. Figures the harness comparison
    already judges are ``report_only``.
 5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 2 when
@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import compare, exit_codes, history_store, results
+from harness import asv_results, compare, exit_codes, history_store, results
+from harness.asv_results import AsvRow
 from harness.env import REPO_ROOT, git_info
 from harness.nightly_changes import (
     ChangeConfig,
@@ -245,29 +246,6 @@ def confirm_regressions(
 # --------------------------------------------------------------------------- asv
 
 
-@dataclass
-class AsvRow:
-    mark: str
-    before: str
-    after: str
-    ratio: str
-    name: str
-    verdict: str = ""
-
-
-def parse_asv_compare(text: str) -> list[AsvRow]:
-    """Rows of ``asv compare`` (GitHub table format): change mark, before, after, ratio, name."""
-    rows: list[AsvRow] = []
-    for line in text.splitlines():
-        if not line.startswith("|") or line.startswith("|--") or "Benchmark (Parameter)" in line:
-            continue
-        cols = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cols) != 5:
-            continue
-        rows.append(AsvRow(cols[0], cols[1], cols[2], cols[3], cols[4]))
-    return rows
-
-
 def classify_asv(rows: list[AsvRow], higher_is_better: Iterable[str], report_only: Iterable[str]) -> None:
     """Set each row's verdict. asv marks '+' for a significant increase, '-' for a decrease."""
     hib, ro = tuple(higher_is_better), tuple(report_only)
@@ -311,6 +289,7 @@ class Asv:
     ) -> None:
         self.conf = conf
         self.log = log
+        self.machine_name = machine
         self.machine = ["--machine", machine] if machine else []
         self.logfile = logfile
 
@@ -343,18 +322,15 @@ class Asv:
         # asv exits 2 when a benchmark failed; that is reported per row by compare, not fatal.
         return self(*args, f"{sha}^!", env=env, check=False)
 
-    def compare(self, base_sha: str, new_sha: str, factor: float) -> str:
-        return self(
-            "compare",
-            *self.machine,
-            "--factor",
-            str(factor),
-            "--no-only-changed",
-            "--sort",
-            "name",
-            base_sha,
-            new_sha,
-        )
+    def compare(self, base_sha: str, new_sha: str, factor: float) -> list[AsvRow]:
+        """The two commits' figures, read from asv's results files (``harness.asv_results``)."""
+        results_dir = Path(read_asv_conf(self.conf).get("results_dir", "results"))
+        if not results_dir.is_absolute():
+            results_dir = self.conf.resolve().parent / results_dir
+        machine = asv_results.default_machine(self.machine_name)
+        self.log(f"comparing asv results of {base_sha[:10]} and {new_sha[:10]} in {results_dir / machine}")
+        before = asv_results.read_commit(results_dir, machine, base_sha)
+        return asv_results.compare(before, asv_results.read_commit(results_dir, machine, new_sha), factor)
 
 
 def read_asv_conf(conf: Path) -> dict[str, Any]:
@@ -572,7 +548,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
 
 
+@dataclass
+class _Night:
+    """What the steps of one night share: its settings, its commit and where it writes."""
+
+    args: argparse.Namespace
+    cfg: NightlyConfig
+    suite: dict[str, Any]
+    run_cfg: RunConfig
+    store: Path
+    history: dict[str, Any]
+    given_base: dict[str, Any] | None
+    git: dict[str, Any]
+    sha: str
+    new_rel: str  # runs/<stamp>-<sha8>.json, relative to the store
+    t0: float
+
+    @property
+    def new_path(self) -> Path:
+        return self.store / self.new_rel
+
+    @property
+    def asv_log(self) -> str:
+        return self.new_rel.replace(".json", ".asv.log")
+
+    @staticmethod
+    def log(msg: str) -> None:
+        print(f"nightly: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _AsvOutcome:
+    rows: list[AsvRow] | None = None
+    note: str = ""
+    regressed: bool = False
+    ran: bool = False
+    failed: bool = False
+
+
 def main_from_args(args: argparse.Namespace) -> int:
+    """One night (see the module docstring): settings, measure, compare, asv, judge, record."""
+    night = _prepare(args)
+    from harness.runner import run_one, run_suite
+
+    night.log(f"measuring {len(night.run_cfg.cells())} cells of {night.sha[:10]} into {night.new_path}")
+    new = run_suite(night.run_cfg, night.new_path, progress=not args.no_progress)
+    base_entry, base_doc = _base(night)
+    outcome = _confirm(night, base_doc, new, run_one)
+    asv = _asv_step(night, base_entry, new, run_one)
+    flagged_now = sorted(outcome.confirmed) if outcome is not None else []
+    cp = change_points(night.store / HISTORY_FILE, new, night.sha, flagged_now, night.cfg.changes, night.log)
+    status = _status(outcome, base_doc, new, asv, cp)
+    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now)
+    rc = {
+        "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
+        "incomplete": exit_codes.INCOMPLETE,
+        "error": exit_codes.TOOL_FAILED,
+    }.get(status, exit_codes.OK)
+    if args.publish and asv.ran and not _publish(night, cp):
+        rc = rc or exit_codes.TOOL_FAILED
+    return rc
+
+
+def _prepare(args: argparse.Namespace) -> _Night:
+    """Settings from the config and the command line; every input and output is checked here,
+    before the measurement, not after it."""
     t0 = time.perf_counter()
     cfg = load_config(args.config)
     suite = dict(cfg.suite)
@@ -581,7 +621,6 @@ def main_from_args(args: argparse.Namespace) -> int:
             suite[name] = getattr(args, name)
     run_cfg = run_config(suite, args.provider, resolve_device(args.device))
     suite.update({k: getattr(run_cfg, k) for k in ("models", "modes", "phases", "scale")})
-    # Every input and output is checked before the measurement, not after it.
     store = check_output_dir(args.store, "--store")
     check_output_dir(store / "runs", "--store")
     if args.summary:
@@ -592,74 +631,87 @@ def main_from_args(args: argparse.Namespace) -> int:
     git = git_info()
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    new_rel = f"runs/{stamp}-{sha[:8]}.json"
-    asv_log = new_rel.replace(".json", ".asv.log")
-    new_path = store / new_rel
+    return _Night(
+        args, cfg, suite, run_cfg, store, history, given_base, git, sha, f"runs/{stamp}-{sha[:8]}.json", t0
+    )
 
-    from harness.runner import run_one, run_suite
 
-    def log(msg: str) -> None:
-        print(f"nightly: {msg}", file=sys.stderr, flush=True)
+def _base(night: _Night) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The night to compare with: ``--base`` if given, else the last one that passed."""
+    if night.given_base is not None:
+        doc = night.given_base
+        given_sha = ((doc.get("env") or {}).get("git") or {}).get("sha") or "given"
+        return {"sha": given_sha, "date": "-", "results": str(Path(night.args.base).resolve())}, doc
+    entry = last_good(night.history, night.store)
+    return entry, results.load(night.store / entry["results"]) if entry else None
 
-    log(f"measuring {len(run_cfg.cells())} cells of {sha[:10]} into {new_path}")
-    new = run_suite(run_cfg, new_path, progress=not args.no_progress)
 
-    base_entry: dict[str, Any] | None
-    base_doc: dict[str, Any] | None
-    if given_base is not None:
-        base_doc = given_base
-        given_sha = ((base_doc.get("env") or {}).get("git") or {}).get("sha") or "given"
-        base_entry = {"sha": given_sha, "date": "-", "results": str(Path(args.base).resolve())}
-    else:
-        base_entry = last_good(history, store)
-        base_doc = results.load(store / base_entry["results"]) if base_entry else None
+def _confirm(
+    night: _Night,
+    base_doc: dict[str, Any] | None,
+    new: dict[str, Any],
+    run_one: Callable[[CellKey, dict[str, Any], float], dict[str, Any]],
+) -> HarnessOutcome | None:
+    """Compare with the base, re-measuring flagged cells; the stored results get the reruns."""
+    if base_doc is None:
+        return None
+    cell_cfg = dict(new["config"])
 
-    outcome = None
-    if base_doc is not None:
-        cell_cfg = dict(new["config"])
+    def rerun(key: CellKey) -> dict[str, Any]:
+        night.log(f"re-measuring flagged cell {key.label()}")
+        return run_one(key, cell_cfg, night.run_cfg.timeout_s)
 
-        def rerun(key: CellKey) -> dict[str, Any]:
-            log(f"re-measuring flagged cell {key.label()}")
-            return run_one(key, cell_cfg, run_cfg.timeout_s)
+    outcome = confirm_regressions(base_doc, new, night.cfg.thresholds, rerun, night.cfg.max_reruns)
+    results.save_atomic(night.new_path, new)
+    return outcome
 
-        outcome = confirm_regressions(base_doc, new, cfg.thresholds, rerun, cfg.max_reruns)
-        results.save_atomic(new_path, new)
 
-    asv_rows: list[AsvRow] | None = None
-    asv_note = ""
-    asv_regressed = False
-    asv_ran = False
-    asv_failed = False
+def _asv_step(
+    night: _Night,
+    base_entry: dict[str, Any] | None,
+    new: dict[str, Any],
+    run_one: Callable[[CellKey, dict[str, Any], float], dict[str, Any]],
+) -> _AsvOutcome:
+    """The asv part, unless skipped; a failure is recorded in the note, not raised."""
+    args, cfg = night.args, night.cfg
     if args.no_asv or not cfg.asv_enabled:
-        asv_note = "asv part skipped (--no-asv or asv.enabled=false)."
-    elif git["dirty"]:
-        asv_note = "asv part skipped: the working tree has uncommitted changes, and asv measures commits."
-    else:
-        asv_ran = True
-        try:
-            asv_rows, asv_note, asv_regressed = _asv_part(
-                cfg,
-                suite,
-                sha,
-                base_entry,
-                new,
-                new_path,
-                run_cfg,
-                run_one,
-                log,
-                Path(args.asv_config),
-                args.asv_machine,
-                store / asv_log,
-            )
-        except (RuntimeError, OSError) as e:  # record the night; it is not a pass
-            asv_failed = True
-            asv_note = f"**asv part failed**: {str(e)[:1500]}"
-            log(f"asv part failed: {e}")
-        asv_note += f" asv output: `{asv_log}`."
+        return _AsvOutcome(note="asv part skipped (--no-asv or asv.enabled=false).")
+    if night.git["dirty"]:
+        return _AsvOutcome(
+            note="asv part skipped: the working tree has uncommitted changes, and asv measures commits."
+        )
+    out = _AsvOutcome(ran=True)
+    try:
+        out.rows, out.note, out.regressed = _asv_part(
+            cfg,
+            night.suite,
+            night.sha,
+            base_entry,
+            new,
+            night.new_path,
+            night.run_cfg,
+            run_one,
+            night.log,
+            Path(args.asv_config),
+            args.asv_machine,
+            night.store / night.asv_log,
+        )
+    except (RuntimeError, OSError) as e:  # record the night; it is not a pass
+        out.failed = True
+        out.note = f"**asv part failed**: {str(e)[:1500]}"
+        night.log(f"asv part failed: {e}")
+    out.note += f" asv output: `{night.asv_log}`."
+    return out
 
-    flagged_now = sorted(outcome.confirmed) if outcome is not None else []
-    history_path = store / HISTORY_FILE
-    cp = change_points(history_path, new, sha, flagged_now, cfg.changes, log)
+
+def _status(
+    outcome: HarnessOutcome | None,
+    base_doc: dict[str, Any] | None,
+    new: dict[str, Any],
+    asv: _AsvOutcome,
+    cp: ChangePoints,
+) -> str:
+    """The night's verdict: incomplete, regression, flagged, error, baseline or pass."""
     lost = [] if outcome is None else compare.incomplete(outcome.rows)
     if base_doc is None:  # the first night: nothing to compare, but a failed cell is no baseline
         lost = [r for r in compare.compare_docs(new, new) if r.verdict in compare.INCOMPLETE_VERDICTS]
@@ -668,76 +720,89 @@ def main_from_args(args: argparse.Namespace) -> int:
     }
     harness_regressed = bool(confirmed_regressions)
     if lost:
-        status = "incomplete"  # recorded, never a base
-    elif (
-        asv_regressed
+        return "incomplete"  # recorded, never a base
+    if (
+        asv.regressed
         or cp.alerts
         or (harness_regressed and not cp.active)
         or (confirmed_regressions & cp.open)
     ):
-        status = "regression"  # a confirmed regression of an alerted, unfixed change stays red
-    elif harness_regressed:
-        status = (
+        return "regression"  # a confirmed regression of an alerted, unfixed change stays red
+    if harness_regressed:
+        return (
             "flagged"  # the pairwise gate alone, with enough history to ask the detector: no alert, no base
         )
-    elif asv_failed:
-        status = "error"  # recorded, never a base
-    else:
-        status = "baseline" if base_doc is None else "pass"
+    if asv.failed:
+        return "error"  # recorded, never a base
+    return "baseline" if base_doc is None else "pass"
+
+
+def _record(
+    night: _Night,
+    new: dict[str, Any],
+    base_entry: dict[str, Any] | None,
+    outcome: HarnessOutcome | None,
+    asv: _AsvOutcome,
+    cp: ChangePoints,
+    status: str,
+    flagged_now: list[tuple[str, str]],
+) -> None:
+    """Write the summary, the history entry and the night's history line; print the summary."""
+    store, git = night.store, night.git
     text = summary_markdown(
-        sha=sha,
+        sha=night.sha,
         dirty=git["dirty"],
         base=base_entry,
-        cfg=cfg,
+        cfg=night.cfg,
         outcome=outcome,
-        asv_rows=asv_rows,
-        asv_note=asv_note,
+        asv_rows=asv.rows,
+        asv_note=asv.note,
         status=status,
         n_cells=len(new["cells"]),
-        elapsed_s=time.perf_counter() - t0,
+        elapsed_s=time.perf_counter() - night.t0,
         changes_md=cp.markdown,
     )
-    summary_rel = new_rel.replace(".json", ".md")
+    summary_rel = night.new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
     entry = {
-        "sha": sha,
+        "sha": night.sha,
         "dirty": git["dirty"],
         "branch": git["branch"],
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
-        "results": new_rel,
+        "results": night.new_rel,
         "summary": summary_rel,
         "status": "pass" if status == "baseline" else status,
         "base": base_entry["sha"] if base_entry else None,
         "base_results": base_entry["results"] if base_entry else None,
-        "asv": asv_ran and not asv_failed,
+        "asv": asv.ran and not asv.failed,
     }
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
     write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")
-    night = {k: entry[k] for k in ("sha", "dirty", "branch", "date", "status", "base")}
-    history_store.append(history_path, new, {**night, "flagged": [list(f) for f in flagged_now]})
+    line = {k: entry[k] for k in ("sha", "dirty", "branch", "date", "status", "base")}
+    history_store.append(store / HISTORY_FILE, new, {**line, "flagged": [list(f) for f in flagged_now]})
     print(text)
-    if args.summary:
-        with open(args.summary, "a", encoding="utf-8") as f:
+    if night.args.summary:
+        with open(night.args.summary, "a", encoding="utf-8") as f:
             f.write(text + "\n")
-    log(f"{status}; summary in {store / summary_rel}")
-    rc = {
-        "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
-        "incomplete": exit_codes.INCOMPLETE,
-        "error": exit_codes.TOOL_FAILED,
-    }.get(status, exit_codes.OK)
-    if args.publish and asv_ran:
-        try:
-            pub_conf = asv_config_for_branch(
-                Path(args.asv_config), git["branch"], REPO_ROOT / "results" / "tmp"
-            )
-            Asv(pub_conf, log, args.asv_machine, store / asv_log)("publish")
-            log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
-            mark_changes(pub_conf, cp, cfg.changes, log)
-        except (RuntimeError, ValueError, OSError) as e:  # the night is recorded; the publish is not
-            log(f"asv publish failed: {e}")
-            rc = rc or exit_codes.TOOL_FAILED
-    return rc
+    night.log(f"{status}; summary in {store / summary_rel}")
+
+
+def _publish(night: _Night, cp: ChangePoints) -> bool:
+    """``asv publish`` the dashboard and mark tonight's change points; False if it failed (the
+    night is recorded either way)."""
+    args = night.args
+    try:
+        pub_conf = asv_config_for_branch(
+            Path(args.asv_config), night.git["branch"], REPO_ROOT / "results" / "tmp"
+        )
+        Asv(pub_conf, night.log, args.asv_machine, night.store / night.asv_log)("publish")
+        night.log(f"dashboard published to results/html ({pub_conf.name}); see docs/asv.md to view it")
+        mark_changes(pub_conf, cp, night.cfg.changes, night.log)
+    except (RuntimeError, ValueError, OSError) as e:
+        night.log(f"asv publish failed: {e}")
+        return False
+    return True
 
 
 def mark_changes(pub_conf: Path, cp: ChangePoints, cfg: ChangeConfig, log: Callable[[str], None]) -> None:
@@ -782,7 +847,7 @@ def _asv_part(
         )
     if not base_entry.get("asv", False):
         return None, f"the base night {base_sha[:10]} has no asv results; asv figures recorded only.", False
-    rows = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+    rows = asv.compare(base_sha, sha, cfg.asv_factor)
     classify_asv(rows, cfg.higher_is_better, cfg.report_only)
     flagged = [r for r in rows if r.verdict == "regression"]
     for attempt in range(1, cfg.max_reruns + 1):
@@ -802,7 +867,7 @@ def _asv_part(
         results.save_atomic(new_path, new)
         log(f"asv rerun {attempt}: {sorted(benches)}")
         asv.run(sha, sorted(benches), cfg.asv_quick, env)
-        rows2 = parse_asv_compare(asv.compare(base_sha, sha, cfg.asv_factor))
+        rows2 = asv.compare(base_sha, sha, cfg.asv_factor)
         classify_asv(rows2, cfg.higher_is_better, cfg.report_only)
         still = {r.name for r in rows2 if r.verdict == "regression"}
         by_name = {r.name: r for r in rows2}
@@ -812,5 +877,5 @@ def _asv_part(
                 if r.name in by_name:
                     r.after, r.ratio = by_name[r.name].after, by_name[r.name].ratio
         flagged = [r for r in flagged if r.name in still]
-    note = f"`asv compare --factor {cfg.asv_factor}` of {base_sha[:10]} -> {sha[:10]}."
+    note = f"asv results of {base_sha[:10]} -> {sha[:10]}, compared as `asv compare --factor {cfg.asv_factor}` does."
     return rows, note, bool(flagged)

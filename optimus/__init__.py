@@ -11,8 +11,9 @@ from .api import optimize, optimize_graph_module
 from .backend import OptimusPreGradPass, backend, register
 from .config import OptimusConfig
 from .cost import AnalyticCostModel, CostModel
-from .report import OptimusReport
+from .report import OptimusReport, RoundRecord
 from .rules import REGISTRY
+from .stop_reason import StopKind, StopReason
 
 RULES: tuple[str, ...] = tuple(REGISTRY)
 
@@ -27,6 +28,9 @@ __all__ = [
     "OptimusConfig",
     "OptimusPreGradPass",
     "OptimusReport",
+    "RoundRecord",
+    "StopKind",
+    "StopReason",
     "backend",
     "optimize",
     "optimize_graph_module",

@@ -20,6 +20,7 @@ from .meta import record, value_meta
 from .normalize import lower_modules
 from .report import OptimusReport
 from .specialized import GUARD, specialize
+from .stop_reason import StopReason
 from .verify import Verifier
 
 log = logging.getLogger("optimus")
@@ -53,7 +54,7 @@ def optimize_graph_module(
         )
         gm.graph = backup
         gm.recompile()
-        report.stop_reason = "unchanged"
+        report.stop_reason = StopReason.unchanged()
         report.nodes_after = report.nodes_before = len(gm.graph.nodes)
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
     return report
@@ -174,7 +175,7 @@ def _optimize_subgraphs(
     reason: Exception,
     state: caller_state.CallerState,
 ) -> tuple[fx.GraphModule, OptimusReport]:
-    total = OptimusReport(capture="dynamo-subgraphs", stop_reason="saturated", graphs=0)
+    total = OptimusReport(capture="dynamo-subgraphs", stop_reason=StopReason.saturated(), graphs=0)
     side_effects = isinstance(reason, capture.SideEffectsInForward)
     why = str(reason) if side_effects else f"{type(reason).__name__}: {_first_line(reason)}"
     total.capture_reason = (
@@ -207,7 +208,7 @@ def _optimize_subgraphs(
             type(exc).__name__,
             exc,
         )
-        unchanged = OptimusReport(capture="none", stop_reason="unchanged", graphs=0)
+        unchanged = OptimusReport(capture="none", stop_reason=StopReason.unchanged(), graphs=0)
         unchanged.capture_reason = f"Dynamo could not capture the model ({type(exc).__name__}): it runs as is"
         unchanged.notes.append(f"unchanged: Dynamo could not capture the model ({type(exc).__name__}: {exc})")
         return capture.wrap_compiled(module, len(inputs)), unchanged

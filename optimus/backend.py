@@ -25,42 +25,59 @@ from .report import OptimusReport
 
 log = logging.getLogger("optimus")
 
-# Reports of the graphs the backend / pre-grad pass optimized most recently (for inspection).
+# Every report the backends and pre-grad passes of this process made, most recent last (at most
+# 64), for interactive inspection of ``backend="optimus"``. Code that compiles should read the
+# ``reports`` of the backend or pass it made instead (``optimus.backend(...).reports``).
 LAST_REPORTS: list[OptimusReport] = []
 
 
-def _remember(report: OptimusReport) -> None:
+def _remember(own: list[OptimusReport], report: OptimusReport) -> None:
+    own.append(report)
+    del own[:-1024]  # the registered backend and pre_grad_pass live as long as the process
     LAST_REPORTS.append(report)
     del LAST_REPORTS[:-64]
 
 
-def backend(config: OptimusConfig | None = None, inner: Any = None) -> Any:
+class OptimusBackend:
     """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
 
-    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``).
+    ``reports`` holds the report of every graph this backend optimized, in order (filled when
+    torch.compile compiles, i.e. at the first call), so a caller reads what its own compile did.
     """
-    cfg = config or OptimusConfig()
-    if inner is None:
-        cfg = cfg.with_(cost_model=for_inductor(cfg.cost_model))
 
-    def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    def __init__(self, config: OptimusConfig | None = None, inner: Any = None) -> None:
+        cfg = config or OptimusConfig()
+        if inner is None:  # Inductor compiles the result: price for it (optimus.cost.for_inductor)
+            cfg = cfg.with_(cost_model=for_inductor(cfg.cost_model))
+        self.config = cfg
+        self.inner = inner
+        self.reports: list[OptimusReport] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
         from .api import optimize_graph_module
 
         # (verify=True seeds the RNG to compare graphs: Dynamo restores the RNG state around
         # compilation, so the caller's stream does not see it)
-        report = optimize_graph_module(gm, cfg, example_inputs if cfg.verify else None)
+        report = optimize_graph_module(gm, self.config, example_inputs if self.config.verify else None)
         report.capture = "backend"
         report.capture_reason = "a Dynamo graph handed to the optimus torch.compile backend"
         report.graphs = 1
         gm.optimus_report = report  # type: ignore[assignment]
-        _remember(report)
-        if inner is not None:
-            return inner(gm, example_inputs)
+        _remember(self.reports, report)
+        if self.inner is not None:
+            return self.inner(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx
 
         return compile_fx(gm, example_inputs, **kwargs)
 
-    return optimus_backend
+
+def backend(config: OptimusConfig | None = None, inner: Any = None) -> OptimusBackend:
+    """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
+
+    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``).
+    Its ``reports`` list what it optimized.
+    """
+    return OptimusBackend(config, inner)
 
 
 def _source_hash() -> str:
@@ -77,6 +94,7 @@ class OptimusPreGradPass(CustomGraphPass):
     def __init__(self, config: OptimusConfig | None = None) -> None:
         cfg = config or OptimusConfig()
         self.config = cfg.with_(cost_model=for_inductor(cfg.cost_model))  # Inductor compiles it
+        self.reports: list[OptimusReport] = []  # one per graph this pass optimized, in order
 
     def __call__(self, graph: fx.Graph) -> None:
         from .api import optimize_graph_module
@@ -88,7 +106,7 @@ class OptimusPreGradPass(CustomGraphPass):
         report.capture = "pre_grad"
         report.capture_reason = "Inductor's pre-grad graph (pre_grad_custom_pass)"
         report.graphs = 1
-        _remember(report)
+        _remember(self.reports, report)
 
     def uuid(self) -> str:
         return hashlib.sha256((_source_hash() + self.config.fingerprint()).encode()).hexdigest()

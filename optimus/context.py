@@ -16,16 +16,16 @@ import torch
 from torch import fx
 
 from .builder import Builder
+from .candidate import Candidate, Cost
 from .graph_index import GraphIndex, group_by_key, stab_groups
 from .layout import ParamLayout, RuntimeStack
 from .meta import TensorMeta, output_requires_grad, tensor_meta, value_meta
 from .normalize import Canon, canonicalize
 from .regions import context_kind
-from .rules.base import Candidate, Cost
 
 if TYPE_CHECKING:
     from .cost import CostModel
-    from .rules.base import HorizontalRule, LocalRule
+    from .rules.base import HorizontalRule
 
 
 @dataclass
@@ -157,19 +157,6 @@ class RewriteContext:
                 self.decline(f"{rule_name}: grouping values with and without requires_grad")
             for node, flag in zip(members, flags, strict=True):
                 out.setdefault((flag, k), []).append(node)
-        return out
-
-    def local_candidates(self, rule: LocalRule) -> list[Candidate]:
-        out: list[Candidate] = []
-        for node in self.index.nodes:
-            if node.op not in ("call_function", "call_method", "call_module") or not self.movable(node):
-                continue
-            payload = rule.match_node(node, self)
-            if payload is None:
-                continue
-            before, after = rule.cost(node, payload, self)
-            nodes = (node, *rule.consumed(node, payload))
-            out.append(Candidate(rule.name, nodes, before, after, label=self.index.depth[node], data=payload))
         return out
 
     # -- committing / undoing ------------------------------------------------------------------------

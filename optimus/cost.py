@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .rules.base import Cost
+from .candidate import Cost
 
 
 @runtime_checkable

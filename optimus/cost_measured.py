@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from .candidate import Cost
 from .cost import AnalyticCostModel, CostModel, DeviceConstants
-from .rules.base import Cost
 
 SCHEMA = 1
 ENV_DIR = "OPTIMUS_CACHE_DIR"

@@ -22,18 +22,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx
 
 from .builder import Builder
+from .candidate import Candidate
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
 from .regions import describe
-from .report import OptimusReport
+from .report import OptimusReport, RoundRecord
 from .rules import resolve
-from .rules.base import Candidate
+from .stop_reason import StopReason
 from .verify import Verifier
 
 log = logging.getLogger("optimus")
@@ -69,126 +72,207 @@ def _apply(ctx: RewriteContext, rule: object, cand: Candidate, report: OptimusRe
     return applied
 
 
+@dataclass
+class _Run:
+    """What one ``run`` carries from round to round."""
+
+    gm: fx.GraphModule
+    config: OptimusConfig
+    report: OptimusReport
+    verifier: Verifier | None
+    rules: list[Any]
+    max_nodes: int
+    start: float
+    blocked: set[tuple[str, tuple[fx.Node, ...]]] = field(default_factory=set)  # rolled back: never retried
+
+    @property
+    def order(self) -> dict[str, int]:
+        return {r.name: i for i, r in enumerate(self.rules)}
+
+    def context(self) -> RewriteContext:
+        return RewriteContext(self.gm, self.config.cost_model, self.config.layout)
+
+
 def run(
     gm: fx.GraphModule, config: OptimusConfig, report: OptimusReport, verifier: Verifier | None = None
 ) -> None:
     """Optimize ``gm`` in place, filling ``report``."""
     start = time.perf_counter()
-    rules = resolve(config.rules)
-    order = {r.name: i for i, r in enumerate(rules)}
-    by_name = {r.name: r for r in rules}
-    cleanup = [r for r in rules if r.kind == "cleanup"]
-    rewrite = [r for r in rules if r.kind != "cleanup"]
-    graph = gm.graph
-    report.nodes_before = len(graph.nodes)
-    max_nodes = config.max_nodes or 4 * report.nodes_before + 1000
-    stop = "iteration_limit"
-    blocked: set[tuple[str, tuple[fx.Node, ...]]] = set()  # rolled-back rewrites: never retried
+    report.nodes_before = len(gm.graph.nodes)
+    state = _Run(
+        gm,
+        config,
+        report,
+        verifier,
+        resolve(config.rules),
+        config.max_nodes or 4 * report.nodes_before + 1000,
+        start,
+    )
+    stop = StopReason.iteration_limit(config.max_iterations)
     for iteration in range(config.max_iterations):
         report.iterations = iteration + 1
-        if time.perf_counter() - start > config.time_limit_s:
-            stop = "time_limit"
+        limit = _limit_reached(state)
+        if limit is not None:
+            stop = limit
             break
-        if len(graph.nodes) > max_nodes:
-            stop = "node_limit"
+        record = RoundRecord(iteration)
+        report.rounds.append(record)
+        if not _round(state, iteration, record):
+            stop = StopReason.saturated()
             break
-        changed = 0
-        ctx = RewriteContext(gm, config.cost_model, config.layout)
-        if iteration == 0:
-            for node in ctx.index.regions.unknown:
-                report.notes.append(
-                    f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
-                )
-        declines: dict[str, int] = {}
-        for rule in cleanup:
-            n = rule.run(ctx)  # type: ignore[attr-defined]
-            if n:
-                report.fired(rule.name, n)
-                changed += n
-                _merge_declines(declines, ctx.declines)
-                ctx = RewriteContext(gm, config.cost_model, config.layout)
-        candidates: list[Candidate] = []
-        for rule in rewrite:
-            for cand in rule.match(ctx):
-                device = ctx.device_of(cand.nodes)
-                cm = config.cost_model
-                cand.gain = cm.seconds(cand.before, device) - cm.seconds(cand.after, device)
-                candidates.append(cand)
-        candidates.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
-        touched: set[fx.Node] = set()
-        applied_round: list[Applied] = []
-        round_order = list(graph.nodes)
-        for cand in candidates:
-            if cand.gain <= 0:
-                _count(report.declined, cand.rule)
-                continue
-            if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in blocked:
-                continue
-            failures = sum(report.rolled_back.values())
-            before = list(graph.nodes) if verifier is not None else None
-            applied = _apply(ctx, by_name[cand.rule], cand, report)
-            if applied is None:
-                if sum(report.rolled_back.values()) > failures:
-                    blocked.add((cand.rule, cand.nodes))
-                continue
-            if verifier is not None:
-                problem = _check(gm, ctx, verifier)
-                if problem is not None:
-                    log.warning(
-                        "optimus: rule %s changed results (%s); rewrite rolled back", cand.rule, problem
-                    )
-                    ctx.undo(applied)
-                    _restore_order(graph, before or [])
-                    _count(report.rolled_back, cand.rule)
-                    blocked.add((cand.rule, cand.nodes))
-                    continue
-            touched.update(cand.nodes)
-            applied_round.append(applied)
-        try:
-            stable_toposort(graph, ctx.index.ordered)
-            if applied_round:
-                graph.lint()
-        except (CycleError, RuntimeError) as exc:
-            log.warning(
-                "optimus: round %d broke the graph (%s); its %d rewrites rolled back",
-                iteration,
-                exc,
-                len(applied_round),
+    gm.recompile()
+    _note_unchanged(report)
+    report.nodes_after = len(gm.graph.nodes)
+    report.stop_reason = stop
+    report.seconds = time.perf_counter() - state.start
+    report.graphs = max(report.graphs, 1)
+
+
+def _limit_reached(state: _Run) -> StopReason | None:
+    if time.perf_counter() - state.start > state.config.time_limit_s:
+        return StopReason.time_limit(state.config.time_limit_s)
+    if len(state.gm.graph.nodes) > state.max_nodes:
+        return StopReason.node_limit(state.max_nodes)
+    return None
+
+
+def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
+    """One driver round (see the module docstring); False when it changed nothing or broke the
+    graph (its rewrites then rolled back), which ends the run."""
+    report = state.report
+    t0 = time.perf_counter()
+    ctx = state.context()
+    if iteration == 0:
+        for node in ctx.index.regions.unknown:
+            report.notes.append(
+                f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
             )
-            for applied in reversed(applied_round):
-                ctx.undo(applied)
-                _count(report.rolled_back, applied.cand.rule)
-            _restore_order(graph, round_order)
-            applied_round = []
-            stop = "saturated"
-            report.notes.append(f"round {iteration} rolled back: {exc}")
-            ctx.erase_leftovers()
-            break
+    t1 = time.perf_counter()
+    declines: dict[str, int] = {}
+    ctx, changed = _run_cleanup(state, ctx, declines, record)
+    t2 = time.perf_counter()
+    candidates = _collect(state, ctx)
+    t3 = time.perf_counter()
+    round_order = list(state.gm.graph.nodes)
+    applied_round = _apply_candidates(state, ctx, candidates)
+    ok = _finish_round(state, ctx, iteration, applied_round, round_order)
+    if ok:
         _merge_declines(declines, ctx.declines)
         for reason, n in declines.items():  # the same refusal recurs each round: keep the largest
             report.declined_reasons[reason] = max(report.declined_reasons.get(reason, 0), n)
         for applied in applied_round:
             report.fired(applied.cand.rule)
+            _count(record.applied, applied.cand.rule)
         _tidy_stacks(ctx, applied_round)
         ctx.erase_leftovers()
         changed += len(applied_round)
-        if not changed:
-            stop = "saturated"
-            break
-    gm.recompile()
-    if not report.rules_fired:
-        if report.declined:
-            report.notes.append(
-                f"unchanged: the cost model rated every candidate no faster ({report.declined})"
-            )
-        elif report.rolled_back:
-            report.notes.append(f"unchanged: every rewrite was rolled back ({report.rolled_back})")
-        else:
-            report.notes.append("unchanged: no rule found a candidate in this graph")
-    report.nodes_after = len(graph.nodes)
-    report.stop_reason = stop
-    report.seconds = time.perf_counter() - start
-    report.graphs = max(report.graphs, 1)
+    record.match_s = (t1 - t0) + (t3 - t2)
+    record.apply_s = (t2 - t1) + (time.perf_counter() - t3)
+    return ok and changed > 0
+
+
+def _run_cleanup(
+    state: _Run, ctx: RewriteContext, declines: dict[str, int], record: RoundRecord
+) -> tuple[RewriteContext, int]:
+    """The cleanup rules, each on a fresh context after one that changed the graph."""
+    changed = 0
+    for rule in (r for r in state.rules if r.kind == "cleanup"):
+        n = rule.run(ctx)
+        if n:
+            state.report.fired(rule.name, n)
+            record.applied[rule.name] = record.applied.get(rule.name, 0) + n
+            changed += n
+            _merge_declines(declines, ctx.declines)
+            ctx = state.context()
+    return ctx, changed
+
+
+def _collect(state: _Run, ctx: RewriteContext) -> list[Candidate]:
+    """Every rewrite rule's candidates, priced, best first (ties: rule order, graph position)."""
+    cm = state.config.cost_model
+    candidates: list[Candidate] = []
+    for rule in (r for r in state.rules if r.kind != "cleanup"):
+        for cand in rule.match(ctx):
+            device = ctx.device_of(cand.nodes)
+            cand.gain = cm.seconds(cand.before, device) - cm.seconds(cand.after, device)
+            candidates.append(cand)
+    order = state.order
+    candidates.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
+    return candidates
+
+
+def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candidate]) -> list[Applied]:
+    """Apply the candidates in order, at most one per node; with a verifier, undo any rewrite
+    that changes results."""
+    report, graph, verifier = state.report, state.gm.graph, state.verifier
+    by_name = {r.name: r for r in state.rules}
+    touched: set[fx.Node] = set()
+    applied_round: list[Applied] = []
+    for cand in candidates:
+        if cand.gain <= 0:
+            _count(report.declined, cand.rule)
+            continue
+        if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in state.blocked:
+            continue
+        failures = sum(report.rolled_back.values())
+        before = list(graph.nodes) if verifier is not None else None
+        applied = _apply(ctx, by_name[cand.rule], cand, report)
+        if applied is None:
+            if sum(report.rolled_back.values()) > failures:
+                state.blocked.add((cand.rule, cand.nodes))
+            continue
+        if verifier is not None:
+            problem = _check(state.gm, ctx, verifier)
+            if problem is not None:
+                log.warning("optimus: rule %s changed results (%s); rewrite rolled back", cand.rule, problem)
+                ctx.undo(applied)
+                _restore_order(graph, before or [])
+                _count(report.rolled_back, cand.rule)
+                state.blocked.add((cand.rule, cand.nodes))
+                continue
+        touched.update(cand.nodes)
+        applied_round.append(applied)
+    return applied_round
+
+
+def _finish_round(
+    state: _Run, ctx: RewriteContext, iteration: int, applied_round: list[Applied], round_order: list[fx.Node]
+) -> bool:
+    """Restore topological order and lint; if the round broke the graph, undo all its rewrites,
+    put the nodes back in ``round_order`` (the graph is then exactly as the round found it) and
+    return False."""
+    graph = state.gm.graph
+    try:
+        stable_toposort(graph, ctx.index.ordered)
+        if applied_round:
+            graph.lint()
+    except (CycleError, RuntimeError) as exc:
+        log.warning(
+            "optimus: round %d broke the graph (%s); its %d rewrites rolled back",
+            iteration,
+            exc,
+            len(applied_round),
+        )
+        for applied in reversed(applied_round):
+            ctx.undo(applied)
+            _count(state.report.rolled_back, applied.cand.rule)
+        _restore_order(graph, round_order)
+        state.report.notes.append(f"round {iteration} rolled back: {exc}")
+        ctx.erase_leftovers()
+        return False
+    return True
+
+
+def _note_unchanged(report: OptimusReport) -> None:
+    """Say why, when no rule fired."""
+    if report.rules_fired:
+        return
+    if report.declined:
+        report.notes.append(f"unchanged: the cost model rated every candidate no faster ({report.declined})")
+    elif report.rolled_back:
+        report.notes.append(f"unchanged: every rewrite was rolled back ({report.rolled_back})")
+    else:
+        report.notes.append("unchanged: no rule found a candidate in this graph")
 
 
 def _merge_declines(into: dict[str, int], new: dict[str, int]) -> None:

@@ -5,7 +5,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STOP_REASONS = ("saturated", "iteration_limit", "node_limit", "time_limit", "unchanged", "not_run")
+from .stop_reason import StopKind, StopReason
+
+
+@dataclass
+class RoundRecord:
+    """One driver round: rewrites applied per rule, and where its time went.
+
+    ``match_s``: building the graph index and collecting and pricing every rule's candidates.
+    ``apply_s``: the cleanup rules (they match and rewrite in one pass), applying candidates,
+    restoring topological order and erasing what was replaced.
+    """
+
+    round: int
+    applied: dict[str, int] = field(default_factory=dict)
+    match_s: float = 0.0
+    apply_s: float = 0.0
 
 
 @dataclass
@@ -14,7 +29,7 @@ class OptimusReport:
     nodes_before: int = 0
     nodes_after: int = 0
     seconds: float = 0.0  # the optimizer's own time (rules + driver), excluding capture
-    stop_reason: str = "not_run"
+    stop_reason: StopReason = field(default_factory=StopReason.not_run)
     iterations: int = 0
     declined: dict[str, int] = field(default_factory=dict)  # candidates the cost model rated no faster
     rolled_back: dict[str, int] = field(default_factory=dict)  # rewrites undone (error, lint, mismatch)
@@ -29,6 +44,7 @@ class OptimusReport:
     # one line per graph optimize()'s result re-optimized after the first, at a call that did
     # not match it (another input shape or scalar, or a train/eval switch); see specialized.py
     specializations: list[str] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)  # one per driver round, in order
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
@@ -51,9 +67,14 @@ class OptimusReport:
         self.seconds += other.seconds
         self.iterations = max(self.iterations, other.iterations)
         self.graphs += other.graphs
-        if self.stop_reason in ("not_run", "saturated", "unchanged"):
-            self.stop_reason = other.stop_reason if other.stop_reason != "not_run" else self.stop_reason
+        quiet = (StopKind.NOT_RUN, StopKind.SATURATED, StopKind.UNCHANGED)
+        if self.stop_reason.kind in quiet and other.stop_reason.kind is not StopKind.NOT_RUN:
+            self.stop_reason = other.stop_reason
         self.notes.extend(other.notes)
+        self.rounds.extend(other.rounds)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-ready values; ``stop_reason`` as its printable string (see StopReason)."""
+        d = asdict(self)
+        d["stop_reason"] = str(self.stop_reason)
+        return d

@@ -6,7 +6,7 @@ listed first wins (the driver is deterministic). Cleanup rules run at the start 
 
 from __future__ import annotations
 
-from .base import Candidate, CleanupRule, Cost, HorizontalRule, LocalRule, Rule
+from .base import Candidate, CleanupRule, Cost, HorizontalRule, Rule
 from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
@@ -62,4 +62,4 @@ def resolve(names: object) -> list[Rule]:
     return [REGISTRY[n]() for n in chosen]
 
 
-__all__ = ["REGISTRY", "Candidate", "CleanupRule", "Cost", "HorizontalRule", "LocalRule", "Rule", "resolve"]
+__all__ = ["REGISTRY", "Candidate", "CleanupRule", "Cost", "HorizontalRule", "Rule", "resolve"]

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from ..candidate import Cost
 from ..effects import mutated_args
 from ..meta import TensorMeta
-from .base import Cost
 
 if TYPE_CHECKING:
     from ..context import RewriteContext

@@ -5,7 +5,8 @@ nothing: ``None`` from a hook, or no candidates. Rules never edit existing nodes
 ones through a :class:`~optimus.builder.Builder` and return what replaces what; the engine rewires
 users, keeps ``node.meta`` right, checks the cost, and can undo the rewrite (verify/rollback).
 
-Each candidate carries its cost *before* and *after* (:class:`Cost`: launches, bytes, FLOPs) so the
+Each candidate (:class:`~optimus.candidate.Candidate`, re-exported here) carries its cost *before*
+and *after* (:class:`~optimus.candidate.Cost`: launches, bytes, FLOPs) so the
 cost model can rate it; the driver applies the best-rated candidates first and skips any it rates
 no faster.
 
@@ -38,51 +39,21 @@ splits them by the cost model's min/max group size, and does the bookkeeping. Ex
 
 then add one line ``"batch_exp": BatchExp`` to ``optimus/rules/__init__.py``.
 
-A local rule rewrites one node (plus whatever it reads) in place: ``match(node, ctx)`` returns a
-payload or None, ``rewrite(node, payload, b)`` returns the node's replacement (an existing node or
-one built with ``b``). Default cost: the rewrite removes ``removed(node, payload)`` launches.
 A cleanup rule (dead code, CSE) is a whole-graph pass run each round, ``run(ctx) -> changes``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from torch import fx
+
+from ..candidate import Candidate, Cost
 
 if TYPE_CHECKING:
     from ..builder import Builder
     from ..context import RewriteContext
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a piece of graph costs to run, in device-independent units the cost model prices:
-    kernel launches (or framework dispatches), bytes read+written, floating-point operations."""
-
-    launches: float = 0.0
-    bytes: float = 0.0
-    flops: float = 0.0
-
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(self.launches + other.launches, self.bytes + other.bytes, self.flops + other.flops)
-
-
-@dataclass(eq=False)
-class Candidate:
-    """One rewrite a rule offers. ``nodes`` are the nodes it replaces (in order; for a horizontal
-    group the members, for a local rewrite the anchor first and then any node it consumes).
-    No two candidates touching the same node are applied in one round."""
-
-    rule: str
-    nodes: tuple[fx.Node, ...]
-    before: Cost
-    after: Cost
-    label: float = 0.0  # where the rewritten computation sits in the depth labelling
-    data: Any = None  # rule-private payload handed back to ``apply``
-    gain: float = field(default=0.0)  # set by the driver from the cost model (seconds saved)
 
 
 @runtime_checkable
@@ -90,7 +61,7 @@ class Rule(Protocol):
     """The protocol every rule meets. Most rules subclass one of the bases below instead."""
 
     name: ClassVar[str]
-    kind: ClassVar[str]  # "horizontal" | "local" | "cleanup"
+    kind: ClassVar[str]  # "horizontal" | "cleanup"
 
     def match(self, ctx: RewriteContext) -> Iterable[Candidate]: ...
 
@@ -143,33 +114,6 @@ def keep_layouts(members: Sequence[fx.Node], built: Sequence[fx.Node], b: Builde
     return out
 
 
-class LocalRule:
-    """Rewrite one node. Override ``match_node`` (payload or None) and ``rewrite``."""
-
-    name: ClassVar[str] = ""
-    kind: ClassVar[str] = "local"
-
-    def match_node(self, node: fx.Node, ctx: RewriteContext) -> Any:
-        raise NotImplementedError
-
-    def rewrite(self, node: fx.Node, payload: Any, b: Builder) -> fx.Node | None:
-        raise NotImplementedError
-
-    def consumed(self, node: fx.Node, payload: Any) -> tuple[fx.Node, ...]:
-        """Other nodes this rewrite reads in a way that must not overlap another rewrite."""
-        return ()
-
-    def cost(self, node: fx.Node, payload: Any, ctx: RewriteContext) -> tuple[Cost, Cost]:
-        return Cost(launches=1.0), Cost()
-
-    def match(self, ctx: RewriteContext) -> Iterable[Candidate]:
-        return ctx.local_candidates(self)
-
-    def apply(self, cand: Candidate, b: Builder) -> Sequence[fx.Node] | None:
-        new = self.rewrite(cand.nodes[0], cand.data, b)
-        return None if new is None else [new]
-
-
 class CleanupRule:
     """A whole-graph cleanup run every round (always a win, not cost-checked)."""
 
@@ -178,3 +122,6 @@ class CleanupRule:
 
     def run(self, ctx: RewriteContext) -> int:
         raise NotImplementedError
+
+
+__all__ = ["Candidate", "CleanupRule", "Cost", "HorizontalRule", "Rule", "keep_layouts"]

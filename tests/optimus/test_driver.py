@@ -14,6 +14,7 @@ from torch import fx
 import optimus
 from optimus.rules import REGISTRY
 from optimus.rules.base import Cost, HorizontalRule
+from optimus.stop_reason import StopKind, StopReason
 
 
 def towers_traced(n: int = 8) -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -33,7 +34,7 @@ def test_saturates_and_reports() -> None:
     mod, xs = towers_traced()
     gm = optimize_traced(mod, xs)
     rep = gm.optimus_report
-    assert rep.stop_reason == "saturated"
+    assert rep.stop_reason == StopReason.saturated()
     assert rep.rules_fired["batch_linear"] == 1 and rep.rules_fired["batch_layer_norm"] == 1
     assert rep.nodes_before == 67 and rep.nodes_after == len(gm.graph.nodes)
     assert rep.seconds > 0
@@ -42,19 +43,53 @@ def test_saturates_and_reports() -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "reason"),
+    ("config", "reason", "printed"),
     [
-        ({"max_iterations": 1}, "iteration_limit"),
-        ({"time_limit_s": 1e-9}, "time_limit"),
-        ({"max_nodes": 5}, "node_limit"),
+        ({"max_iterations": 1}, StopReason(StopKind.ITERATION_LIMIT, 1), "iteration_limit(limit=1)"),
+        ({"time_limit_s": 1e-9}, StopReason(StopKind.TIME_LIMIT, 1e-9), "time_limit(limit_s=1e-09)"),
+        ({"max_nodes": 5}, StopReason(StopKind.NODE_LIMIT, 5), "node_limit(limit=5)"),
     ],
 )
-def test_limits_stop_the_driver(config: dict, reason: str) -> None:
+def test_limits_stop_the_driver(config: dict, reason: StopReason, printed: str) -> None:
+    """The stop reason names the limit hit and carries its value; as_dict() prints it."""
     mod, xs = towers_traced()
     cfg = optimus.OptimusConfig(cost_model=LAUNCH_BOUND, **config)
     gm = optimus.optimize(fx.symbolic_trace(mod), xs, config=cfg)
     assert gm.optimus_report.stop_reason == reason
+    assert gm.optimus_report.as_dict()["stop_reason"] == printed
     assert_parity(mod, gm, xs)
+
+
+def test_stop_reason_refuses_a_missing_or_stray_limit() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        StopReason(StopKind.TIME_LIMIT)
+    with pytest.raises(ValueError, match="limit"):
+        StopReason(StopKind.SATURATED, 3)
+
+
+def test_rounds_record_applied_rules_and_times() -> None:
+    """One record per round: what each rule applied (summing to rules_fired), and match / apply
+    times that are measured, not left at zero; the last round applied nothing (saturated)."""
+    mod, xs = towers_traced()
+    gm = optimize_traced(mod, xs)
+    rep = gm.optimus_report
+    assert len(rep.rounds) == rep.iterations >= 2
+    assert [r.round for r in rep.rounds] == list(range(rep.iterations))
+    total: dict[str, int] = {}
+    for r in rep.rounds:
+        for rule, n in r.applied.items():
+            total[rule] = total.get(rule, 0) + n
+    assert total == rep.rules_fired
+    assert rep.rounds[0].applied and not rep.rounds[-1].applied
+    assert all(r.match_s > 0 and r.apply_s > 0 for r in rep.rounds)
+    assert sum(r.match_s + r.apply_s for r in rep.rounds) <= rep.seconds
+    rounds = rep.as_dict()["rounds"]
+    assert rounds[0] == {
+        "round": 0,
+        "applied": rep.rounds[0].applied,
+        "match_s": rep.rounds[0].match_s,
+        "apply_s": rep.rounds[0].apply_s,
+    }
 
 
 class Pessimist:
@@ -167,6 +202,6 @@ def test_unknown_ops_come_back_unchanged() -> None:
     xs = [torch.randn(4, 8)]
     gm = optimize_traced(mod, xs)
     assert gm.optimus_report.rules_fired == {}
-    assert gm.optimus_report.stop_reason == "saturated"
+    assert gm.optimus_report.stop_reason == StopReason.saturated()
     assert gm.optimus_report.notes == ["unchanged: no rule found a candidate in this graph"]
     torch.testing.assert_close(gm(*xs), mod(*xs))

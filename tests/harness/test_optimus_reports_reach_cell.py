@@ -1,0 +1,56 @@
+"""What optimus did reaches the cell record through the prepared module (``Prepared.reports``),
+and a torch.compile backend object carries its own reports: no module global is read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import optimus
+from harness import modes
+from harness.runner import run_one
+from harness.spec import CellKey, RunConfig
+
+
+class TwoTowers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.a(x), self.b(x)], 1)
+
+
+def test_eager_optimus_prepared_carries_its_report() -> None:
+    torch.manual_seed(0)
+    prepared = modes.prepare("eager+optimus", TwoTowers(), (torch.randn(4, 8),))
+    assert len(prepared.reports) == 1
+    merged = modes.merge_reports(prepared.reports)
+    assert merged["rules_fired"] == prepared.reports[0].rules_fired and merged["rules_fired"]
+    assert merged["optimus_graphs"] == 1 and merged["stop_reason"] == "saturated"
+
+
+def test_backend_object_carries_the_reports_of_its_own_compile() -> None:
+    torch.manual_seed(0)
+    model, x = TwoTowers(), torch.randn(4, 8)
+    mine = optimus.backend(inner=lambda gm, example: gm.forward)  # Dynamo only, no Inductor
+    other = optimus.backend(inner=lambda gm, example: gm.forward)
+    assert mine.reports == []  # nothing until torch.compile compiles, at the first call
+    torch.compile(model, backend=mine, fullgraph=True, dynamic=False)(x)
+    assert len(mine.reports) == 1
+    assert mine.reports[0].capture == "backend" and mine.reports[0].nodes_before > 0
+    assert other.reports == []
+
+
+@pytest.mark.compile
+def test_compile_optimus_cell_records_nodes_and_rules(tmp_path: object) -> None:
+    """A real compile+optimus cell at tiny size, in its own process as the harness runs it."""
+    cfg = RunConfig(["towers"], "tiny", ["compile+optimus"], ["infer"], warmup=1, min_iters=2, max_iters=3,
+                    budget_s=0.05).validate()  # fmt: skip
+    cell = run_one(CellKey("towers", "tiny", "compile+optimus", "infer"), cfg.as_dict(), cfg.timeout_s)
+    assert cell["status"] == "ok", cell.get("error")
+    assert cell["nodes_before"] > 0 and cell["nodes_after"] > 0
+    assert cell["rules_fired"] and all(n > 0 for n in cell["rules_fired"].values())
+    assert cell["optimus_graphs"] == 1  # set only by merge_reports(prepared.reports)
+    assert cell["stop_reason"] == "saturated"
