@@ -333,7 +333,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from harness import paper
+    from harness import paper, references
     from harness.report import write_report
     from harness.runner import run_suite
 
@@ -349,8 +349,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
     )
     paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
+    beside = references.section()
+    with open(paths[0], "a", encoding="utf-8") as md:  # paths[0] is the markdown report
+        md.write("\n" + beside + "\n")
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))
+    print()
+    print(beside)
     print()
     _print_summary(doc, args.out)
     for p in paths:
