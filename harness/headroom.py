@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 import optimus
+from harness import interleaved
 from optimus.layout_relayout import RelayoutParams
 
 VARIANTS = ("separate", "runtime", "ideal", "relayout")
@@ -111,28 +111,24 @@ def check_parity(variants: dict[str, tuple[nn.Module, list[nn.Parameter]]], x: t
     return worst
 
 
-def timer(mod: nn.Module, params: list[nn.Parameter], x: torch.Tensor, phase: str) -> Callable[[int], float]:
+def step_fn(mod: nn.Module, params: list[nn.Parameter], x: torch.Tensor, phase: str) -> Callable[[], Any]:
+    """One call of a variant: a no_grad forward, or grads set to None + forward + backward with ones."""
     ones: list[torch.Tensor] | None = None
 
-    def run(iters: int) -> float:
+    def step() -> Any:
         nonlocal ones
         if phase == "fwd":
             with torch.no_grad():
-                start = time.perf_counter()
-                for _ in range(iters):
-                    mod(x)
-                return (time.perf_counter() - start) / iters
-        start = time.perf_counter()
-        for _ in range(iters):
-            for p in params:
-                p.grad = None
-            outs = mod(x)
-            if ones is None:
-                ones = [torch.ones_like(o) for o in outs]
-            torch.autograd.backward(list(outs), ones)
-        return (time.perf_counter() - start) / iters
+                return mod(x)
+        for p in params:
+            p.grad = None
+        outs = mod(x)
+        if ones is None:
+            ones = [torch.ones_like(o) for o in outs]
+        torch.autograd.backward(list(outs), ones)
+        return outs
 
-    return run
+    return step
 
 
 def q(values: list[float]) -> tuple[float, float]:
@@ -146,13 +142,13 @@ def measure(g: int, batch: int, k: int, n: int, rounds: int, iters: int) -> list
     err = check_parity(variants, x)
     rows = []
     for phase in ("fwd", "fwd+bwd"):
-        timers = {name: timer(mod, params, x, phase) for name, (mod, params) in variants.items()}
-        for fn in timers.values():
-            fn(3)  # warm up
-        samples: dict[str, list[float]] = {name: [] for name in timers}
-        for _ in range(rounds):
-            for name, fn in timers.items():
-                samples[name].append(fn(iters) * 1e6)
+        contenders = [
+            interleaved.Contender(name, step_fn(mod, params, x, phase), 0.0, None)
+            for name, (mod, params) in variants.items()
+        ]
+        # The harness's one interleaved timing loop: ms per call per round, order alternating.
+        rounds_ms = interleaved.interleave(contenders, rounds=rounds, steps=iters, warmup=3)
+        samples = {name: [ms * 1e3 for ms in v] for name, v in rounds_ms.items()}
         med = {name: q(s) for name, s in samples.items()}
         for name in VARIANTS:
             m, iqr = med[name]
