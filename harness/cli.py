@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 
     p = sub.add_parser(
+        "targets", help="the issue-7 performance goals judged from results files (met / missed)"
+    )
+    p.add_argument("results", nargs="+", help="harness results JSON files")
+    p.add_argument("--json", default=None, help="also write the verdicts here (atomically)")
+
+    p = sub.add_parser(
         "ab",
         help="time two or more modes of one model side by side in one process, interleaved round by round",
     )
@@ -196,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.replay import add_arguments as add_replay_arguments
 
     add_replay_arguments(p)
+
+    p = sub.add_parser(
+        "headroom", help="micro-benchmark of one fused tower group: separate, runtime stack, ideal, re-layout"
+    )
+    from harness.headroom import add_arguments as add_headroom_arguments
+
+    add_headroom_arguments(p)
 
     p = sub.add_parser("changes", help="change points of a nightly history (table and plot)")
     from harness.changes_cmd import add_arguments as add_changes_arguments
@@ -320,7 +333,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from harness import paper
+    from harness import paper, references
     from harness.report import write_report
     from harness.runner import run_suite
 
@@ -336,13 +349,32 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
     )
     paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
+    beside = references.section()
+    with open(paths[0], "a", encoding="utf-8") as md:  # paths[0] is the markdown report
+        md.write("\n" + beside + "\n")
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))
+    print()
+    print(beside)
     print()
     _print_summary(doc, args.out)
     for p in paths:
         print(f"wrote {p}")
     print(f"reproduce took {time.perf_counter() - t0:.0f} s")
+    return exit_codes.OK
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    import json
+
+    from harness import results, targets
+
+    if args.json:
+        check_output_file(args.json, "--json")
+    found = targets.verdicts(results.load(p) for p in args.results)
+    print(targets.render(found))
+    if args.json:
+        results.write_atomic(args.json, json.dumps(targets.as_json(found), indent=1) + "\n")
     return exit_codes.OK
 
 
@@ -386,6 +418,12 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def cmd_headroom(args: argparse.Namespace) -> int:
+    from harness.headroom import main_from_args
+
+    return main_from_args(args)
+
+
 COMMANDS = {
     "list": cmd_list,
     "models": cmd_models,
@@ -393,10 +431,12 @@ COMMANDS = {
     "compare": cmd_compare,
     "report": cmd_report,
     "reproduce": cmd_reproduce,
+    "targets": cmd_targets,
     "ab": cmd_ab,
     "nightly": cmd_nightly,
     "replay": cmd_replay,
     "changes": cmd_changes,
+    "headroom": cmd_headroom,
 }
 
 

@@ -24,11 +24,11 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from harness.spec import MODES, PHASES, STATUSES, CellKey
+from optimus.atomic import write_atomic  # the one atomic writer (re-exported here)
 
 SCHEMA = 1
 KIND = "optimus-bench-results"
@@ -192,23 +192,6 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ResultsError(f"{p}: corrupt results file (not valid JSON: {e})") from None
     return validate(doc, str(p))
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never half (temp + fsync +
-    rename in the same folder). The one atomic writer of the harness and its scripts."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_atomic(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:

@@ -14,7 +14,6 @@ import argparse
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,9 +124,9 @@ def store_dense_nodes(table_rows: Iterable[dict[str, Any]], path: Path = NODE_CA
         for r in table_rows
         if r["dense_nodes"] is not None
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from optimus.atomic import write_atomic  # the one atomic writer; imported late (optimus is big)
+
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _stored_counts.cache_clear()
 
 
@@ -170,9 +169,9 @@ def write_docs(table: str, paths: Iterable[Path]) -> None:
         text = path.read_text()
         begin, end = text.index("PRESET_TABLE_BEGIN\n"), text.index("PRESET_TABLE_END")
         new = text[: begin + len("PRESET_TABLE_BEGIN\n")] + table + "\n" + text[end:]
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(new)
-        os.replace(tmp, path)
+        from optimus.atomic import write_atomic
+
+        write_atomic(path, new)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 WHY: ``torch._dynamo.export`` wraps every call in ``fx_pytree.tree_flatten_spec`` (inputs) and
 ``pytree.tree_unflatten`` (outputs). For a model with 32 outputs that is ~40 us of pure Python per
-call (measured with scripts/bench_fused_linear.py: a third of a fused 32-tower forward), more than
+call (measured with optimus-bench headroom: a third of a fused 32-tower forward), more than
 the batched kernel it wraps. When the input spec is ``((leaf, ..., leaf), {})`` and the output
 spec a tuple/list of leaves (or one leaf), flattening is the identity and unflattening is
 ``tuple(...)``: the generated code binds the arguments directly and returns a tuple literal.

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .atomic import write_atomic
 from .candidate import Cost
 from .cost import AnalyticCostModel, CostModel, DeviceConstants
 
@@ -77,11 +77,8 @@ def cache_path(key: dict[str, Any], directory: Path | None = None) -> Path:
 
 def save(path: Path, key: dict[str, Any], constants: DeviceConstants, probes: dict[str, Any]) -> None:
     """Atomic JSON write (temp file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"schema": SCHEMA, "key": key, "constants": asdict(constants), "probes": probes}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
-    os.replace(fh.name, path)
+    write_atomic(path, json.dumps(payload, indent=1, sort_keys=True))
 
 
 def load(path: Path, key: dict[str, Any]) -> DeviceConstants | None:

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from ..context import RewriteContext
 
 # In the cost model's unit (one kernel launch ~ 8 us of CPU dispatch), measured on this
-# project's CPU with torch 2.13 eager by scripts/measure_split_cat_costs.py: a view op (split,
-# unbind, narrow) costs ~1.6 us -> 0.2 launch; torch.cat costs ~2.7 us for two inputs plus ~0.3 us
-# per further input -> 0.04 launch per input. Getitems on a tuple are free.
+# project's CPU with torch 2.13 eager by scripts/measure_split_cat_costs.py (since deleted; see
+# docs/perf.md, "Deleted scripts"): a view op (split, unbind, narrow) costs ~1.6 us -> 0.2
+# launch; torch.cat costs ~2.7 us for two inputs plus ~0.3 us per further input -> 0.04 launch
+# per input. Getitems on a tuple are free.
 VIEW_LAUNCHES = 0.2
 CAT_INPUT_LAUNCHES = 0.04
 VIEW = Cost(launches=VIEW_LAUNCHES)

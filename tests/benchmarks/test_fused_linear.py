@@ -1,5 +1,5 @@
 """pytest-benchmark: the headroom micro-benchmark's four variants of one fused tower group (see
-scripts/bench_fused_linear.py): separate linears, batch_linear with RuntimeStack, the ideal
+harness/headroom.py, ``optimus-bench headroom``): separate linears, batch_linear with RuntimeStack, the ideal
 pre-stacked baddbmm, batch_linear with RelayoutParams; forward and forward+backward. With
 ``--benchmark-disable`` (the default in CI) each runs once, as a smoke and parity test.
 
@@ -8,16 +8,12 @@ pre-stacked baddbmm, batch_linear with RelayoutParams; forward and forward+backw
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import bench_fused_linear as bench
+from harness import headroom as bench
 
 G, B, K, N = 32, 64, 16, 16
 
@@ -34,5 +30,24 @@ def test_fused_linear(benchmark: Any, variants: dict[str, Any], variant: str, ph
     if variant == "separate" and phase == "fwd":
         assert bench.check_parity(variants, x) < 1e-4  # every variant computes the same values
     mod, params = variants[variant]
-    run = bench.timer(mod, params, x, phase)
-    benchmark(run, 1)
+    benchmark(bench.step_fn(mod, params, x, phase))
+
+
+def test_headroom_command_refuses_a_bad_group_list(capsys: Any) -> None:
+    from harness import cli, exit_codes
+
+    assert cli.main(["headroom", "--groups", "32,x"]) == exit_codes.BAD_INPUT
+    assert "--groups must be comma-separated ints" in capsys.readouterr().err
+
+
+def test_headroom_command_writes_its_rows(tmp_path: Any) -> None:
+    import json
+
+    from harness import cli
+
+    out = tmp_path / "h.json"
+    assert cli.main(["headroom", "--groups", "8", "--batch", "4",
+                     "--rounds", "2", "--iters", "1", "--out", str(out)]) == 0  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows} == set(bench.VARIANTS)
+    assert all(r["median_us"] > 0 for r in rows)

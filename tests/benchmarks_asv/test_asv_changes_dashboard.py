@@ -35,11 +35,8 @@ def test_the_dashboard_shows_the_change_point_with_its_commit(tmp_path: Path) ->
     pytest.importorskip("otava.analysis", reason="apache-otava is installed by scripts/install-deps")
     if shutil.which("chromium") is None:
         pytest.skip("no chromium: apt-get install -y chromium")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from asv_changes_demo import build
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from harness.asv_demo import build
+
     html, placed, skipped = build(str(HISTORY), tmp_path)
     assert skipped == [] and len(placed) == 1
     assets = tmp_path / "assets"

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="operator,misc,union-attr,index"
+# (nn.ModuleList items and .grad are typed loosely by torch; the checks here are runtime ones.)
 """Headroom micro-benchmark: one fused tower group (G x Linear(K -> N) over [B, K]), four ways,
 timed side by side in ONE process with interleaved rounds (machine noise hits every variant alike):
 
@@ -12,7 +14,9 @@ benchmark measures exactly what the optimizer emits. Phases: ``fwd`` (no_grad) a
 (grads set to None, forward, backward with ones). Prints medians and IQR (microseconds per call),
 ratios to (a) and b/c, d/c as "speed vs ideal" (ideal_time / time; the issue's target is >= 0.80).
 
-    PYTHONPATH=. python scripts/bench_fused_linear.py [--groups 32,64 --batch 64 --k 16 --n 16]
+    optimus-bench headroom [--groups 32,64 --batch 64 --k 16 --n 16] [--out FILE.json]
+
+(Until this commit it was ``scripts/bench_fused_linear.py``, the same code and options.)
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 import optimus
+from harness import interleaved
 from optimus.layout_relayout import RelayoutParams
 
 VARIANTS = ("separate", "runtime", "ideal", "relayout")
@@ -108,28 +111,24 @@ def check_parity(variants: dict[str, tuple[nn.Module, list[nn.Parameter]]], x: t
     return worst
 
 
-def timer(mod: nn.Module, params: list[nn.Parameter], x: torch.Tensor, phase: str) -> Callable[[int], float]:
+def step_fn(mod: nn.Module, params: list[nn.Parameter], x: torch.Tensor, phase: str) -> Callable[[], Any]:
+    """One call of a variant: a no_grad forward, or grads set to None + forward + backward with ones."""
     ones: list[torch.Tensor] | None = None
 
-    def run(iters: int) -> float:
+    def step() -> Any:
         nonlocal ones
         if phase == "fwd":
             with torch.no_grad():
-                start = time.perf_counter()
-                for _ in range(iters):
-                    mod(x)
-                return (time.perf_counter() - start) / iters
-        start = time.perf_counter()
-        for _ in range(iters):
-            for p in params:
-                p.grad = None
-            outs = mod(x)
-            if ones is None:
-                ones = [torch.ones_like(o) for o in outs]
-            torch.autograd.backward(list(outs), ones)
-        return (time.perf_counter() - start) / iters
+                return mod(x)
+        for p in params:
+            p.grad = None
+        outs = mod(x)
+        if ones is None:
+            ones = [torch.ones_like(o) for o in outs]
+        torch.autograd.backward(list(outs), ones)
+        return outs
 
-    return run
+    return step
 
 
 def q(values: list[float]) -> tuple[float, float]:
@@ -143,13 +142,13 @@ def measure(g: int, batch: int, k: int, n: int, rounds: int, iters: int) -> list
     err = check_parity(variants, x)
     rows = []
     for phase in ("fwd", "fwd+bwd"):
-        timers = {name: timer(mod, params, x, phase) for name, (mod, params) in variants.items()}
-        for fn in timers.values():
-            fn(3)  # warm up
-        samples: dict[str, list[float]] = {name: [] for name in timers}
-        for _ in range(rounds):
-            for name, fn in timers.items():
-                samples[name].append(fn(iters) * 1e6)
+        contenders = [
+            interleaved.Contender(name, step_fn(mod, params, x, phase), 0.0, None)
+            for name, (mod, params) in variants.items()
+        ]
+        # The harness's one interleaved timing loop: ms per call per round, order alternating.
+        rounds_ms = interleaved.interleave(contenders, rounds=rounds, steps=iters, warmup=3)
+        samples = {name: [ms * 1e3 for ms in v] for name, v in rounds_ms.items()}
         med = {name: q(s) for name, s in samples.items()}
         for name in VARIANTS:
             m, iqr = med[name]
@@ -172,26 +171,30 @@ def measure(g: int, batch: int, k: int, n: int, rounds: int, iters: int) -> list
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", default="32,64", help="comma-separated G values")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--groups", default="32,64", help="comma-separated G values (default: 32,64)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None, help="also write rows and samples here as JSON (atomically)")
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    """Validate, measure, print the table; a bad option value is a ValueError (exit BAD_INPUT)."""
+    from harness.results import write_atomic
+
     try:
         groups = [int(v) for v in args.groups.split(",")]
     except ValueError:
-        parser.error(f"--groups must be comma-separated ints, got {args.groups!r}")
+        raise ValueError(f"--groups must be comma-separated ints, got {args.groups!r}") from None
     for name in ("batch", "k", "n", "rounds", "iters", "threads"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+            raise ValueError(f"--{name} must be >= 1")
     if args.rounds < 2 or any(v < 2 for v in groups):
-        parser.error("--rounds and every --groups value must be >= 2")
+        raise ValueError("--rounds and every --groups value must be >= 2")
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
     rows = [r for g in groups for r in measure(g, args.batch, args.k, args.n, args.rounds, args.iters)]
@@ -208,11 +211,5 @@ def main() -> None:
         )
     if args.out:
         payload = {"args": vars(args), "torch": torch.__version__, "loadavg": load, "rows": rows}
-        directory = os.path.dirname(os.path.abspath(args.out))
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as fh:
-            json.dump(payload, fh, indent=1)
-        os.replace(fh.name, args.out)
-
-
-if __name__ == "__main__":
-    main()
+        write_atomic(args.out, json.dumps(payload, indent=1))
+    return 0

@@ -1,17 +1,15 @@
-"""scripts/perf_targets.py judges the issue-7 goals from results files: met, missed, no data."""
+"""`optimus-bench targets` (harness/targets.py) judges the issue-7 goals from results files: met, missed, no data."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import synthetic
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import perf_targets
+from harness import cli, exit_codes
+from harness import targets as perf_targets
 
 
 def _cells(scale: str, opt_ms: float, opt_compile_s: float, peer_status: str = "ok") -> list[dict[str, Any]]:
@@ -56,9 +54,14 @@ def test_a_peer_that_did_not_match_eager_gives_no_verdict(tmp_path: Path, capsys
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     out_json = tmp_path / "verdicts.json"
-    assert perf_targets.main([str(path), "--json", str(out_json)]) == 0
+    assert cli.main(["targets", str(path), "--json", str(out_json)]) == exit_codes.OK
     text = capsys.readouterr().out
     assert "| ahead of compile+peer (latency) | towers medium infer | peer mismatch | no data |" in text
     saved = json.loads(out_json.read_text())
     assert {"target", "cell", "figure", "met"} <= set(saved[0])
     assert not any(v["target"].startswith("compile time") for v in saved)  # a large-scale goal only
+
+
+def test_targets_refuses_an_unreadable_results_file(tmp_path: Path, capsys: Any) -> None:
+    assert cli.main(["targets", str(tmp_path / "missing.json")]) == exit_codes.BAD_INPUT
+    assert "optimus-bench targets: error:" in capsys.readouterr().err

@@ -1,29 +1,20 @@
-"""Read harness results files and say, target by target, which performance goals hold.
+"""The performance goals of issue #7, judged target by target from harness results files.
 
-Why a script: the performance issue (#7) states its goals as ratios between modes of one
-``reproduce`` run (speedup over compile, compile time, peak memory, the peer, eager). Checking
-them by eye in four tables invites mistakes and cherry-picking; this reads the committed JSON,
+Why a command: the goals are ratios between modes of one ``reproduce`` run (speedup over compile,
+compile time, peak memory, the peer, eager). Checking them by eye in four tables invites mistakes
+and cherry-picking; ``optimus-bench targets RESULTS.json... [--json OUT]`` reads the committed JSON,
 prints every figure it judged with its 95% interval, and says met / missed / no data. It never
 fails a run (the goals are aims, not CI gates); ``--json`` writes the same verdicts for tooling.
-
-    PYTHONPATH=. python scripts/perf_targets.py results/reproduce-medium/reproduce-medium.json \
-        results/reproduce-large/reproduce-large.json [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 from harness.paper import speedup
-from harness.results import cell_map, load, write_atomic
+from harness.results import cell_map
 from harness.spec import CellKey
 
 SPEED_FAMILIES = ("towers", "mmoe")
@@ -174,17 +165,6 @@ def render(found: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", help="harness results JSON files")
-    parser.add_argument("--json", default=None, help="also write the verdicts here (atomically)")
-    args = parser.parse_args(argv)
-    found = verdicts(load(p) for p in args.results)
-    print(render(found))
-    if args.json:
-        write_atomic(args.json, json.dumps([asdict(v) for v in found], indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def as_json(found: list[Verdict]) -> list[dict[str, Any]]:
+    """The verdicts as plain dicts (what ``--json`` writes)."""
+    return [asdict(v) for v in found]

@@ -1,0 +1,53 @@
+"""The reproduce report shows the committed reference runs (harness/references.py) beside the fresh one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import synthetic
+
+from harness import references, results
+from harness.spec import CellKey
+
+
+def _write_run(root: Path, name: str, sha: str, compile_s: tuple[float, float], when: float) -> None:
+    cells = [
+        synthetic.cell("dcn", "compile", "train", 10.0, seed=1, scale="large", compile_s=compile_s[0]),
+        synthetic.cell("dcn", "compile+optimus", "train", 8.0, seed=2, scale="large", compile_s=compile_s[1]),
+    ]
+    for c in cells:
+        c["finished_at"] = when
+    doc = synthetic.doc(cells)
+    doc["env"]["git"]["sha"] = sha
+    doc["config"]["scale"] = "large"
+    (root / name).mkdir(parents=True)
+    (root / name / f"{name}.json").write_text(json.dumps(doc))
+
+
+def test_section_shows_each_reference_run_with_its_commit_date_and_figures(tmp_path: Path) -> None:
+    when = dt.datetime(2026, 3, 4, 12, tzinfo=dt.UTC).timestamp()
+    _write_run(tmp_path, "reproduce-large", "abcdef1" + "0" * 33, (500.0, 20.0), when)
+    text = references.section(tmp_path)
+    assert "scale large, commit abcdef1, measured 2026-03-04" in text
+    assert "| dcn | large | train |" in text and "500.0 s -> 20.0 s (-480.0 s)" in text
+    assert "reproduce-medium" not in text  # only runs that are present
+
+
+def test_section_says_so_when_no_reference_run_is_committed(tmp_path: Path) -> None:
+    assert "No reference runs found" in references.section(tmp_path)
+
+
+def test_the_committed_reference_runs_are_read_not_hard_coded() -> None:
+    refs = references.load_references()
+    assert [p.parent.name for p, _ in refs] == list(references.REFERENCE_RUNS)
+    text = references.section()
+    for _path, doc in refs:
+        sha, day = references.measured_at(doc)
+        assert f"commit {sha}, measured {day}" in text and sha != "?" and day != "?"
+    _, large = refs[-1]
+    cells = results.cell_map(large)
+    c = cells[CellKey("dcn", "large", "compile", "train")]["compile_s"]
+    o = cells[CellKey("dcn", "large", "compile+optimus", "train")]["compile_s"]
+    assert f"{c:.1f} s -> {o:.1f} s ({o - c:+.1f} s)" in text  # the compile time saved on dcn large train
