@@ -23,6 +23,7 @@ from harness.spec import (
     MODES,
     PHASES,
     RunConfig,
+    load_provider,
     provider_families,
     provider_scales,
     resolve_device,
@@ -81,7 +82,17 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
         "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+    _add_provider_option(p)
+
+
+PROVIDER_HELP = (
+    "the model builder, package.module:function, with models.build's contract (docs/harness.md, "
+    f"'Your own model'; default: {DEFAULT_PROVIDER}; without torchrec: models.dense_only:build)"
+)
+
+
+def _add_provider_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=PROVIDER_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("list", help="models, scales, modes, phases and Optimus rules")
-    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+    _add_provider_option(p)
     p = sub.add_parser("models", help="the model catalog: every family at every scale")
     p.add_argument("--families", help="comma list of families (default: all)")
     p.add_argument("--scales", help="comma list of scales (default: all)")
@@ -186,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rtol", type=finite_float, default=1e-3, help="parity tolerance vs the base mode (relative)"
     )
     p.add_argument("--out", help="also write the result as JSON here (atomically)")
-    p.add_argument("--provider", default=DEFAULT_PROVIDER, help=argparse.SUPPRESS)
+    _add_provider_option(p)
 
     p = sub.add_parser(
         "nightly", help="run the suite, compare with the last good nightly; exit 1 on a regression"
@@ -218,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
+    load_provider(args.provider)  # a bad --provider is one line and BAD_INPUT, before any cell
     # None (not given) means every family; '' (given empty) is an error, not "all".
     models = ",".join(provider_families(args.provider)) if args.models is None else args.models
     if args.models is not None and not args.models.strip(","):
@@ -246,7 +258,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
 def cmd_list(args: argparse.Namespace) -> int:
     try:
         families, scales = provider_families(args.provider), provider_scales(args.provider)
-    except ImportError as e:
+    except (ImportError, ValueError) as e:  # ProviderError is a ValueError
         families, scales = (), ()
         print(f"models: unavailable ({e})")
     print("models: " + ", ".join(families))
@@ -384,6 +396,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from harness import interleaved, results
 
     names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    load_provider(args.provider)  # a bad --provider is one line and BAD_INPUT, before any work
     if args.out:
         check_output_file(args.out)  # before measuring: the measurement takes minutes
     doc = interleaved.run_ab(

@@ -7,17 +7,17 @@ instead of silently producing an empty run.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from harness import provider
 
 MODES: tuple[str, ...] = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
 PHASES: tuple[str, ...] = ("infer", "train")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch")
 DEFAULT_PROVIDER = "models:build"
-SCALES_FALLBACK: tuple[str, ...] = ("tiny", "small", "medium", "large", "xl")
 
 
 def parse_list(
@@ -61,34 +61,11 @@ def resolve_device(device: str) -> str:
     return "cpu"
 
 
-def provider_module(provider: str) -> Any:
-    """Import the module half of a ``module:function`` provider string."""
-    if ":" not in provider:
-        raise ValueError(f"provider: expected 'module:function', got {provider!r}")
-    return importlib.import_module(provider.split(":", 1)[0])
-
-
-def load_provider(provider: str) -> Any:
-    """Return the model builder named by ``module:function`` (default ``models:build``).
-
-    Why injectable: the harness is tested against small stand-in models (including ones
-    that crash or hang on purpose), and cells run in subprocesses, so the builder travels
-    by name, not by object.
-    """
-    mod = provider_module(provider)
-    name = provider.split(":", 1)[1]
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise ValueError(f"provider: module {mod.__name__!r} has no attribute {name!r}")
-    return fn
-
-
-def provider_families(provider: str) -> tuple[str, ...]:
-    return tuple(getattr(provider_module(provider), "FAMILIES", ()))
-
-
-def provider_scales(provider: str) -> tuple[str, ...]:
-    return tuple(getattr(provider_module(provider), "SCALES", SCALES_FALLBACK))
+# The provider half lives in harness/provider.py; these names stay for the cell and the CLI.
+provider_module = provider.module
+load_provider = provider.load
+provider_families = provider.families
+provider_scales = provider.scales
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Synthetic industrial-scale recommendation models built with torchrec.
+"""Synthetic industrial-scale recommendation models: torchrec sparse arch, plain-torch dense arch.
 
     import models
     b = models.build("towers", scale="tiny", device="cpu", seed=0)
@@ -10,6 +10,10 @@ torch, compiles with `torch.compile(fullgraph=True)` and is what Optimus rewrite
 `b.dense_inputs(batch)` gives its inputs. `b.meta` keys: family, scale, seed, batch_size,
 num_tasks, num_features, num_dense_features, num_tables, embedding_dim, params, dense_params,
 embedding_bytes, dense_nodes, flops_per_sample, est_train_bytes, config. See docs/models.md.
+
+`import models` needs only torch: torchrec (and fbgemm) are imported when `models.build` builds
+the EBC and the KJT batches (models/torchrec_deps.py). `models.dense_only.build` has the same
+contract and builds the dense arch alone, fed seeded pooled embeddings: the GPU machine's path.
 """
 
 from types import ModuleType

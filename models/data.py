@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchrec import KeyedJaggedTensor
 
 from models.sparse import SparseLayout
+from models.torchrec_deps import torchrec
 from models.types import Batch
 
 
@@ -39,6 +39,7 @@ def feature_pooling_means(cfg: Mapping[str, Any], num_features: int, gen: torch.
 
 def make_batches(cfg: Mapping[str, Any], lay: SparseLayout, seed: int, device: torch.device) -> list[Batch]:
     """`num_batches` batches on `device`, deterministic in (cfg, seed)."""
+    kjt_type = torchrec().KeyedJaggedTensor
     gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
     n_feat, rows = lay.num_features, lay.rows_per_table
     cdf = zipf_cdf(rows, float(cfg["zipf_alpha"]))
@@ -54,9 +55,7 @@ def make_batches(cfg: Mapping[str, Any], lay: SparseLayout, seed: int, device: t
     for _ in range(int(cfg["num_batches"])):
         lengths = torch.poisson(means.repeat_interleave(b).float(), generator=gen).clamp_(max=cap).long()
         values = _zipf_ids(lengths.view(n_feat, b).sum(1), cdf, perms, gen)
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=list(lay.feature_names), values=values, lengths=lengths.int()
-        )
+        kjt = kjt_type.from_lengths_sync(keys=list(lay.feature_names), values=values, lengths=lengths.int())
         dense = torch.randn(b, n_dense, generator=gen)
         probs = torch.sigmoid(dense @ teacher + bias)
         labels = torch.bernoulli(probs, generator=gen)

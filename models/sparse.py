@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 
 from models import widths
+from models.torchrec_deps import torchrec
+
+if TYPE_CHECKING:
+    from torchrec import EmbeddingBagCollection
 
 
 @dataclass(frozen=True)
@@ -78,14 +81,15 @@ def layout(cfg: Mapping[str, Any]) -> SparseLayout:
 
 def build_ebc(lay: SparseLayout, device: torch.device) -> EmbeddingBagCollection:
     """One sum-pooled table per group of features, so pooled order == KJT key order."""
+    tr = torchrec()
     tables = [
-        EmbeddingBagConfig(
+        tr.EmbeddingBagConfig(
             name=name,
             embedding_dim=dim,
             num_embeddings=lay.rows_per_table,
             feature_names=[f for f, t in zip(lay.feature_names, lay.feature_table, strict=True) if t == j],
-            pooling=PoolingType.SUM,
+            pooling=tr.PoolingType.SUM,
         )
         for j, (name, dim) in enumerate(zip(lay.table_names, lay.dims, strict=True))
     ]
-    return EmbeddingBagCollection(tables=tables, device=device)
+    return tr.EmbeddingBagCollection(tables=tables, device=device)

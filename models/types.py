@@ -7,19 +7,21 @@ in one place is the contract (see DESIGN.md, Public API).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchrec import KeyedJaggedTensor
+
+if TYPE_CHECKING:  # torchrec is imported only where the sparse arch is built (models/torchrec_deps.py)
+    from torchrec import KeyedJaggedTensor
 
 
 @dataclass
 class Batch:
     """One batch: `inputs == (dense_features [B, F], kjt)`, `labels` float {0, 1} of shape [B, T]."""
 
-    inputs: tuple[Tensor, KeyedJaggedTensor]
+    inputs: tuple[Tensor, KeyedJaggedTensor]  # dense-only builds: (dense, pooled)
     labels: Tensor
 
 

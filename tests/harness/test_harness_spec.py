@@ -27,7 +27,7 @@ def test_parse_list() -> None:
         ({"min_iters": 0}, "min_iters: must be >= 1"),
         ({"max_iters": 2, "min_iters": 5}, r"max_iters: must be >= min_iters \(5\)"),
         ({"budget_s": -1.0}, "budget_s: must be a finite number >= 0"),
-        ({"provider": "nocolon"}, "provider: expected 'module:function'"),
+        ({"provider": "nocolon"}, "provider: expected 'package.module:function'"),
     ],
 )
 def test_config_errors(kw: dict, message: str) -> None:
