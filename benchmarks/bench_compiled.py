@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.common import (
+    BASE_MODE,
     CELLS_TIMEOUT_S,
     COMPILED_MODES,
+    TARGET,
     families,
     find_cell,
     load_cells,
@@ -42,8 +44,8 @@ class CompiledSpeedup:
 
     def setup(self, cells_path: str, family: str, scale: str, phase: str) -> None:
         cells = load_cells(cells_path)
-        self.base = find_cell(cells, family, scale, "compile", phase)
-        self.opt = find_cell(cells, family, scale, "compile+optimus", phase)
+        self.base = find_cell(cells, family, scale, BASE_MODE, phase)
+        self.opt = find_cell(cells, family, scale, TARGET, phase)
 
     def track_speedup(self, cells_path: str, family: str, scale: str, phase: str) -> float:
         """Median latency of compile / median latency of compile+optimus."""
@@ -97,7 +99,7 @@ class OptimizedGraph:
     timeout = CELLS_TIMEOUT_S
 
     def setup(self, cells_path: str, family: str, scale: str, phase: str) -> None:
-        self.cell = find_cell(load_cells(cells_path), family, scale, "compile+optimus", phase)
+        self.cell = find_cell(load_cells(cells_path), family, scale, TARGET, phase)
         if all(self.cell.get(k) is None for k in ("nodes_after", "nodes_before", "optimus_s")):
             # n/a (skipped), not a fake zero; one missing field alone fails its benchmark
             raise NotImplementedError(f"the harness recorded no node counts for {family}/{scale}/{phase}")

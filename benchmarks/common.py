@@ -28,7 +28,13 @@ from typing import Any
 KNOWN_FAMILIES = ("dlrm", "dcn", "towers", "mmoe")
 KNOWN_SCALES = ("tiny", "small", "medium", "large", "xl", "medium-hetero")
 KNOWN_PHASES = ("infer", "train")
-COMPILED_MODES = ("compile", "compile+optimus")
+try:  # the modes are defined in harness/mode_registry.py; asv may import this file at an older commit
+    from harness.mode_registry import BASELINES, TARGET, asv_modes
+
+    COMPILED_MODES = asv_modes()
+    BASE_MODE = BASELINES[0]
+except ImportError:  # a commit before the registry: the two compiled modes it had
+    COMPILED_MODES, BASE_MODE, TARGET = ("compile", "compile+optimus"), "compile", "compile+optimus"
 
 # Seconds the harness may spend on all compiled cells of one setup_cache (asv's timeout).
 CELLS_TIMEOUT_S = 3600.0

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.asv_marks import BENCHMARK_OF, mark_dashboard, marks_of
+from harness.asv_marks import benchmark_of, mark_dashboard, marks_of
 from harness.changes_cmd import analyse_history
 from harness.history_store import Night
 from harness.nightly import load_config
@@ -57,7 +57,8 @@ def write_asv_results(results: Path, nights: list[Night], commit_of: dict[str, s
         {(c["model"], c["scale"], c["phase"], c["mode"]) for n in nights for c in n.results["cells"]}
     )
     params = [sorted({c[k] for c in cells}) for k in range(4)]
-    bench = BENCHMARK_OF["latency_ms"]
+    bench = benchmark_of("latency_ms")
+    assert bench is not None, "latency_ms has an asv benchmark (harness.metric_registry)"
     (results / MACHINE).mkdir(parents=True)
     (results / "benchmarks.json").write_text(json.dumps({
         bench: {"code": "demo: figures of the nightly history", "name": bench, "param_names":

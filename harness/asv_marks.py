@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import metric_registry
 from harness.alert_policy import AlertPolicy
 from harness.nightly_changes import SeriesResult, alerts_of
 
 SCRIPT = "optimus_changes.js"
 PLUGIN = Path(__file__).with_name("asv_changes.js")
 TAG = f'<script language="javascript" type="text/javascript" src="{SCRIPT}"></script>'
-# (history metric) -> the asv benchmark that graphs it (benchmarks/bench_compiled.py)
-BENCHMARK_OF = {
-    "latency_ms": "bench_compiled.CompiledCells.track_latency_ms",
-    "peak_mem_bytes": "bench_compiled.CompiledCells.track_peak_mem_mb",
-    "compile_s": "bench_compiled.CompiledCells.track_compile_s",
-}
+
+
+def benchmark_of(metric: str) -> str | None:
+    """The asv benchmark that graphs a history metric (``Metric.asv_bench``), None if none does."""
+    return metric_registry.get(metric).asv_bench
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,14 @@ def marks_of(found: Sequence[SeriesResult], commit_of: Mapping[str, str] | None 
     out = []
     for r in found:
         s = r.series
+        bench = benchmark_of(s.metric)
+        if bench is None:  # a metric no asv benchmark graphs: nothing on the dashboard to mark
+            continue
         for c in r.changes:
             alerts = alerts_of(r, c, dedupe)
             model, scale, mode, phase = s.cell.split("/")
             out.append({
-                "benchmark": BENCHMARK_OF[s.metric],
+                "benchmark": bench,
                 "params": {"family": repr(model), "scale": repr(scale), "phase": repr(phase), "mode": repr(mode)},
                 "cell": s.cell,
                 "metric": s.metric,

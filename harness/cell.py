@@ -28,26 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import measure, modes
+from harness import cell_record, measure, mode_registry, modes
 from harness.spec import CellKey, load_provider
 
 
 def base_cell(key: CellKey) -> dict[str, Any]:
-    return {
-        "model": key.model,
-        "scale": key.scale,
-        "mode": key.mode,
-        "phase": key.phase,
-        "status": "failed",
-        "error": None,
-        "latency_ms": None,
-        "peak_mem_bytes": None,
-        "compile_s": None,
-        "optimus_s": None,
-        "nodes_before": None,
-        "nodes_after": None,
-        "max_abs_err": None,
-    }
+    return cell_record.empty(key)
 
 
 def _param_name(name: str) -> str:
@@ -205,7 +191,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     batches = list(b.batches)
     if not batches:
         raise RuntimeError("model provided no batches")
-    ref = copy.deepcopy(module) if key.mode != "eager" else None
+    mode = mode_registry.get(key.mode)
+    ref = copy.deepcopy(module) if key.mode != mode_registry.REFERENCE else None
     train = key.phase == "train"
     module.train(train)
     if ref is not None:
@@ -233,7 +220,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         cell.update(modes.merge_reports(prepared.reports))
     cell["prepare_s"] = prepared.prepare_s
 
-    parity: dict[str, Any] = {"reference": "eager"}
+    parity: dict[str, Any] = {"reference": mode_registry.REFERENCE}
     mismatch: list[str] = []
     if ref is not None:
         ref_out = forward(ref, batches[0])
@@ -274,7 +261,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     median_s = cell["latency_ms"]["median"] / 1e3
     # Compile time: for compiled modes the first call minus one steady-state step (Dynamo,
     # AOT autograd and Inductor all run lazily there); for eager modes the optimize call.
-    compiled = key.mode.startswith("compile")
+    compiled = mode.compiled
     cell["compile_s"] = prepared.prepare_s + (max(0.0, first_call_s - median_s) if compiled else 0.0)
 
     cell.update(measure.step_peak_memory(step, device, step_static_tensors(module, optimizer)))

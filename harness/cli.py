@@ -15,12 +15,11 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from harness import exit_codes
+from harness import exit_codes, mode_registry
 from harness.outputs import check_output_dir, check_output_file, check_stem
 from harness.results import NonFiniteError, ResultsError
 from harness.spec import (
     DEFAULT_PROVIDER,
-    MODES,
     PHASES,
     RunConfig,
     load_provider,
@@ -55,7 +54,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     p.add_argument("--models", default=models, help="comma list of model families (default: all)")
     p.add_argument("--scale", default=scale, help=f"model scale preset (default: {scale})")
     p.add_argument(
-        "--modes", default=",".join(MODES), help=f"comma list of modes (default: all: {','.join(MODES)})"
+        "--modes",
+        default=",".join(mode_registry.names()),
+        help=f"comma list of modes (default: all: {','.join(mode_registry.names())})",
     )
     p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases (default: infer,train)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
@@ -263,7 +264,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"models: unavailable ({e})")
     print("models: " + ", ".join(families))
     print("scales: " + ", ".join(scales))
-    print("modes:  " + ", ".join(MODES))
+    print("modes:  " + ", ".join(mode_registry.names()))
     print("phases: " + ", ".join(PHASES))
     try:
         import optimus

@@ -19,24 +19,47 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness import exit_codes
+from harness import exit_codes, metric_registry
 from harness.results import cell_map
 from harness.stats import bootstrap_median_ratio, mann_whitney_u
 
 INCOMPLETE_VERDICTS = ("missing", "failed", "non-finite")
 
 
-@dataclass(frozen=True)
 class Thresholds:
-    alpha: float = 0.01  # significance level of the latency test
-    latency: float = 0.05  # minimum relative change of the median latency
-    memory: float = 0.03  # relative change of peak memory
-    memory_abs: int = 64 * 1024  # and at least this many bytes
-    compile: float = 0.20  # relative change of compile time
-    compile_abs: float = 1.0  # and at least this many seconds
+    """The gate's limits: ``alpha`` (significance level of the latency test) and, per judged
+    metric of ``harness.metric_registry``, its relative limit (``rel_key``, e.g. ``latency``,
+    ``memory``, ``compile``) and absolute minimum (``abs_key``, e.g. ``memory_abs`` bytes,
+    ``compile_abs`` seconds). Defaults come from the registry; the nightly config overrides them."""
+
+    def __init__(self, alpha: float = 0.01, **limits: float) -> None:
+        defaults = metric_registry.threshold_defaults()
+        bad = [k for k in limits if k not in defaults]
+        if bad:
+            raise ValueError(f"{bad[0]}: unknown threshold; allowed values: {', '.join(self.keys())}")
+        self.alpha = alpha
+        self.limits: dict[str, float] = {**defaults, **limits}
+
+    @staticmethod
+    def keys() -> tuple[str, ...]:
+        return ("alpha", *metric_registry.threshold_defaults())
+
+    def __getattr__(self, name: str) -> float:
+        limits = self.__dict__.get("limits", {})
+        if name in limits:
+            return limits[name]
+        raise AttributeError(f"Thresholds has no {name!r}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"alpha": self.alpha, **self.limits}
+
+    def of(self, metric: metric_registry.Metric) -> tuple[float, float]:
+        """(relative, absolute) limit of ``metric``."""
+        rel = self.limits[metric.rel_key] if metric.rel_key else metric.rel
+        return rel, self.limits[metric.abs_key] if metric.abs_key else metric.abs_min
 
     def validate(self) -> Thresholds:
-        for name, v in asdict(self).items():
+        for name, v in self.as_dict().items():
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name}: threshold must be a finite number >= 0, got {v!r}")
         if not 0 < self.alpha < 1:
@@ -47,7 +70,7 @@ class Thresholds:
 @dataclass
 class Row:
     cell: str
-    metric: str  # latency_ms | peak_mem_bytes | compile_s | status
+    metric: str  # a judged metric of harness.metric_registry, or status
     base: Any
     new: Any
     change: float | None  # relative change new/base - 1
@@ -80,17 +103,19 @@ def latency_verdict(base: list[float], new: list[float], th: Thresholds) -> tupl
     change = mn / mb - 1.0 if mb > 0 else 0.0
     _, p = mann_whitney_u(base, new)
     verdict = "no change"
-    if p < th.alpha and abs(change) > th.latency:
+    if p < th.alpha and abs(change) > th.of(metric_registry.get("latency_ms"))[0]:
         verdict = "regression" if change > 0 else "improvement"
     return verdict, change, p
 
 
-def _scalar(base: float, new: float, rel: float, abs_min: float) -> tuple[str, float | None]:
+def _scalar(
+    base: float, new: float, rel: float, abs_min: float, lower_is_better: bool = True
+) -> tuple[str, float | None]:
     change = _rel(base, new)
     diff = new - base
     if abs(diff) <= abs_min or change is None or abs(change) <= rel:
         return "no change", change
-    return ("regression" if diff > 0 else "improvement"), change
+    return ("regression" if (diff > 0) == lower_is_better else "improvement"), change
 
 
 def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | None = None) -> list[Row]:
@@ -114,54 +139,38 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
         if garbled:
             rows.append(Row(label, garbled, None, None, None, "non-finite"))
             continue
-        verdict, change, p, ci = compare_latency(b["latency_ms"]["samples"], n["latency_ms"]["samples"], th)
-        rows.append(
-            Row(
-                label,
-                "latency_ms",
-                b["latency_ms"]["median"],
-                n["latency_ms"]["median"],
-                change,
-                verdict,
-                p,
-                ci,
-            )
-        )
-        if b.get("peak_mem_bytes") is not None and n.get("peak_mem_bytes") is not None:
-            if b.get("peak_mem_method") != n.get("peak_mem_method"):
-                # Measured another way (e.g. before the CPU gradient fix): a change here says
-                # nothing about the code, so it is shown but never judged.
-                rows.append(
-                    Row(
-                        label,
-                        "peak_mem_bytes",
-                        b["peak_mem_bytes"],
-                        n["peak_mem_bytes"],
-                        None,
-                        "not comparable",
-                    )
-                )
-            else:
-                v, c = _scalar(b["peak_mem_bytes"], n["peak_mem_bytes"], th.memory, th.memory_abs)
-                rows.append(Row(label, "peak_mem_bytes", b["peak_mem_bytes"], n["peak_mem_bytes"], c, v))
-        if b.get("compile_s") is not None and n.get("compile_s") is not None:
-            v, c = _scalar(b["compile_s"], n["compile_s"], th.compile, th.compile_abs)
-            rows.append(Row(label, "compile_s", b["compile_s"], n["compile_s"], c, v))
+        for metric in metric_registry.judged():
+            row = _judge(metric, label, b, n, th)
+            if row is not None:
+                rows.append(row)
     return rows
+
+
+def _judge(metric: metric_registry.Metric, label: str, b: dict[str, Any], n: dict[str, Any],
+           th: Thresholds) -> Row | None:  # fmt: skip
+    """The row of one metric of one cell pair; None when either cell lacks the figure."""
+    bv, nv = metric.value(b), metric.value(n)
+    if bv is None or nv is None:
+        return None
+    if metric.judge == "samples":
+        verdict, change, p, ci = compare_latency(b[metric.name]["samples"], n[metric.name]["samples"], th)
+        return Row(label, metric.name, bv, nv, change, verdict, p, ci)
+    if metric.comparable_by and b.get(metric.comparable_by) != n.get(metric.comparable_by):
+        # Measured another way (e.g. peak memory before the CPU gradient fix): a change here says
+        # nothing about the code, so it is shown but never judged.
+        return Row(label, metric.name, bv, nv, None, "not comparable")
+    rel, abs_min = th.of(metric)
+    v, c = _scalar(bv, nv, rel, abs_min, metric.lower_is_better)
+    return Row(label, metric.name, bv, nv, c, v)
 
 
 def _non_finite_figure(*cells: dict[str, Any]) -> str | None:
     """The first judged figure that is NaN/inf in any of ``cells`` (documents built in memory
     skip ``results.validate``, so the gate checks again what it is about to judge)."""
     for c in cells:
-        figures = {
-            "latency_ms": [c["latency_ms"]["median"], *c["latency_ms"]["samples"]],
-            "peak_mem_bytes": [c.get("peak_mem_bytes")],
-            "compile_s": [c.get("compile_s")],
-        }
-        for metric, values in figures.items():
-            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-                return metric
+        for metric in metric_registry.judged():
+            if any(isinstance(v, float) and not math.isfinite(v) for v in metric.figures(c)):
+                return metric.name
     return None
 
 
@@ -184,13 +193,11 @@ def exit_code(rows: list[Row]) -> int:
 def _fmt(metric: str, v: Any) -> str:
     if v is None:
         return "-"
-    if metric == "latency_ms":
-        return f"{v:.3f} ms"
-    if metric == "peak_mem_bytes":
-        return f"{v / 2**20:.2f} MiB"
-    if metric == "compile_s":
-        return f"{v:.2f} s"
-    return str(v)
+    try:
+        m = metric_registry.get(metric)
+    except ValueError:  # "status" rows
+        return str(v)
+    return f"{format(v * m.compare_scale, m.compare_fmt)} {m.compare_unit}".rstrip()
 
 
 def format_rows(rows: list[Row]) -> str:

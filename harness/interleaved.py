@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from harness import cell as cell_mod
-from harness import modes, stats
+from harness import mode_registry, modes, stats
 from harness.env import collect_env
-from harness.spec import MODES, PHASES
+from harness.spec import PHASES
 
 
 @dataclass
@@ -141,7 +141,7 @@ def run_ab(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Prepare every mode, check each first output against the first mode's, then interleave."""
-    _check(mode_names, MODES, "modes")
+    _check(mode_names, mode_registry.names(), "modes")
     _check([phase], PHASES, "phase")
     if len(mode_names) < 2 or len(set(mode_names)) != len(mode_names):
         raise ValueError(f"modes: need two or more distinct modes, got {list(mode_names)}")

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.spec import MODES
-
 CACHE_ENV = {
     # Compile time is measured with every compile cache off (the caller also points
     # TORCHINDUCTOR_CACHE_DIR at a fresh directory, so not even compiled C++ is reused).
@@ -108,39 +106,54 @@ def merge_reports(reports: list[Any]) -> dict[str, Any]:
 
 
 def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
-    """Return the module that ``mode`` runs in place of ``dense``.
+    """Return the module that ``mode`` runs in place of ``dense`` (``harness.mode_registry``).
 
     Compiling is lazy (first call); ``prepare_s`` counts only work done here
     (``optimus.optimize`` for eager+optimus).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: unknown {mode!r}; allowed values: {', '.join(MODES)}")
+    from harness import mode_registry
+
+    return mode_registry.get(mode).prepare(dense, example_inputs)
+
+
+def prepare_eager(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    return Prepared(dense)
+
+
+def prepare_eager_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    # Same rewrite as compile+optimus (parameters re-laid out once), run without a compiler:
+    # with runtime stacking every call re-stacks the fused weights, which costs more than
+    # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
+    gm, dt, fields = _optimize_relayout(dense, example_inputs)
+    return Prepared(gm, dt, fields, _reports_of(gm))
+
+
+def prepare_compile(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
     import torch
 
-    if mode == "eager":
-        return Prepared(dense)
-    if mode == "eager+optimus":
-        # Same rewrite as compile+optimus (parameters re-laid out once), run without a compiler:
-        # with runtime stacking every call re-stacks the fused weights, which costs more than
-        # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
-        gm, dt, fields = _optimize_relayout(dense, example_inputs)
-        return Prepared(gm, dt, fields, _reports_of(gm))
+    return Prepared(torch.compile(dense, fullgraph=True, dynamic=False))
+
+
+def prepare_compile_peer(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    import torch
     import torch._inductor.config as inductor_config
 
-    if mode == "compile":
-        return Prepared(torch.compile(dense, fullgraph=True, dynamic=False))
-    if mode == "compile+peer":
-        options = peer_fusion_options()
-        inductor_config.pre_grad_fusion_options = options
-        return Prepared(
-            torch.compile(dense, fullgraph=True, dynamic=False), info={"peer_options": sorted(options)}
-        )
-    # compile+optimus: Optimus rewrites the dense arch once, storing each fused group's parameters
-    # re-laid out in one stacked tensor (optimus.layout_relayout), then Inductor compiles the result.
+    options = peer_fusion_options()
+    inductor_config.pre_grad_fusion_options = options
+    return Prepared(
+        torch.compile(dense, fullgraph=True, dynamic=False), info={"peer_options": sorted(options)}
+    )
+
+
+def prepare_compile_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    # Optimus rewrites the dense arch once, storing each fused group's parameters re-laid out
+    # in one stacked tensor (optimus.layout_relayout), then Inductor compiles the result.
     # Why not torch.compile(backend="optimus"): there Dynamo hands parameters in as graph inputs, so
     # fused weights must be stacked on every call; side by side (docs/perf.md) that reached
     # 0.94-1.14x of compile on towers/mmoe small, this path 1.27-1.75x. Optimizing is counted in
     # compile time (prepare_s).
+    import torch
+
     gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True)
     fields["optimus_path"] = "optimize+relayout, then Inductor"
     return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields, _reports_of(gm))
@@ -149,6 +162,11 @@ def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
 def _reports_of(gm: Any) -> list[Any]:
     report = getattr(gm, "optimus_report", None)
     return [] if report is None else [report]
+
+
+def peer_run_info() -> dict[str, Any]:
+    """What a run with compile+peer records once in its config: the peer's pattern keys."""
+    return {"peer_options": sorted(peer_fusion_options())}
 
 
 def _optimize_relayout(

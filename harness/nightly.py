@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import asv_results, compare, exit_codes, history_store, results
+from harness import asv_results, compare, exit_codes, history_store, mode_registry, results
 from harness.asv_results import AsvRow
 from harness.env import REPO_ROOT, git_info
 from harness.nightly_changes import (
@@ -114,7 +114,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
     th_doc = _section(doc, "harness", p)
-    th_fields = compare.Thresholds.__dataclass_fields__
+    th_fields = compare.Thresholds.keys()
     _check_keys(th_doc, th_fields, f"{p}: harness")
     try:
         th = compare.Thresholds(**th_doc).validate()
@@ -860,7 +860,7 @@ def _asv_part(
             params = cell_params(r.name) if bench.startswith(CELL_BENCH_PREFIX) else None
             if params and len(params) >= 3:
                 family, scale, phase = params[:3]
-                for mode in ("compile", "compile+optimus"):
+                for mode in mode_registry.asv_modes():
                     key = CellKey(family, scale, mode, phase)
                     log(f"re-measuring cell {key.label()} behind asv figure {r.name}")
                     results.upsert_cell(new, run_one(key, dict(new["config"]), run_cfg.timeout_s))

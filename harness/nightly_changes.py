@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness import metric_registry
 from harness.alert_policy import AlertPolicy, Tracker, same_change
 from harness.changepoints import DETECTORS, Change, Detector, detect
 from harness.history_store import Night
 from harness.spec import CellKey
-
-METRICS = ("latency_ms", "peak_mem_bytes", "compile_s")
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,8 @@ def build_series(nights: Sequence[Night]) -> list[Series]:
             if cell["status"] != "ok":
                 continue
             label = CellKey.of(cell).label()
-            for metric in METRICS:
-                raw = cell["latency_ms"]["median"] if metric == "latency_ms" else cell.get(metric)
+            for metric in metric_registry.history_metrics():
+                raw = metric_registry.get(metric).value(cell)
                 if (
                     not isinstance(raw, int | float)
                     or isinstance(raw, bool)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.mode_registry import BASELINES, EAGER_TARGET, REFERENCE, TARGET
 from harness.results import cell_map
 from harness.spec import CellKey
 from harness.stats import bootstrap_median_ratio
@@ -22,7 +23,6 @@ PAPER = {
     "memory": "~6% less peak memory",
     "compile": ">400 s less compile time",
 }
-TARGET, BASELINES = "compile+optimus", ("compile", "compile+peer")
 NOISY = 0.25  # IQR / median above which a latency is marked noisy
 
 
@@ -47,7 +47,7 @@ def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for model, scale, phase in pairs:
         get = {
             m: cells.get(CellKey(model, scale, m, phase))
-            for m in ("eager", "eager+optimus", *BASELINES, TARGET)
+            for m in (REFERENCE, EAGER_TARGET, *BASELINES, TARGET)
         }
         row: dict[str, Any] = {"model": model, "scale": scale, "phase": phase}
         for m, c in get.items():
@@ -67,7 +67,7 @@ def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 }
                 continue
             row[key] = speedup(bcell, t)
-        c = get["compile"]
+        c = get[BASELINES[0]]
         ok = t is not None and c is not None and t["status"] == "ok" and c["status"] == "ok"
         row["mem_change_pct"] = (
             _pct(c.get("peak_mem_bytes"), t.get("peak_mem_bytes")) if ok and c and t else None
@@ -84,7 +84,7 @@ def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             row["compile_change_pct"] = _pct(c["compile_s"], t["compile_s"])
         else:
             row["compile_s"] = row["compile_change_s"] = row["compile_change_pct"] = None
-        eo, e = get["eager+optimus"], get["eager"]
+        eo, e = get[EAGER_TARGET], get[REFERENCE]
         row["eager speedup"] = speedup(e, eo) if eo and e and eo["status"] == e["status"] == "ok" else None
         rows.append(row)
     return rows
@@ -105,8 +105,8 @@ def _num(v: float | None, fmt: str) -> str:
 def format_paper_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: per model and phase, compile+optimus against compile and compile+peer."""
     lines = [
-        "| model | scale | phase | compile ms | compile+peer ms | compile+optimus ms | speedup vs compile (95% CI) "
-        "| speedup vs compile+peer (95% CI) | peak mem change | compile time compile -> optimus | compile time change |",
+        f"| model | scale | phase | {BASELINES[0]} ms | {BASELINES[1]} ms | {TARGET} ms | speedup vs {BASELINES[0]} (95% CI) "
+        f"| speedup vs {BASELINES[1]} (95% CI) | peak mem change | compile time {BASELINES[0]} -> optimus | compile time change |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -127,8 +127,8 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
         )
         mem = "-" if r["mem_change_pct"] is None else f"{r['mem_change_pct']:+.1f}%"
         lines.append(
-            f"| {r['model']} | {r['scale']} | {r['phase']} | {ms('compile')} | {ms('compile+peer')} | {ms(TARGET)} "
-            f"| {_sp(r['vs compile'])} | {_sp(r['vs compile+peer'])} | {mem} | {ctime} | {cchange} |"
+            f"| {r['model']} | {r['scale']} | {r['phase']} | {ms(BASELINES[0])} | {ms(BASELINES[1])} | {ms(TARGET)} "
+            f"| {_sp(r['vs ' + BASELINES[0]])} | {_sp(r['vs ' + BASELINES[1]])} | {mem} | {ctime} | {cchange} |"
         )
     lines.append("")
     lines.append(headline(rows))

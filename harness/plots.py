@@ -17,22 +17,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import ScalarFormatter
 
+from harness import metric_registry, mode_registry
+from harness.mode_registry import BASELINES, TARGET
 from harness.results import cell_map
-from harness.spec import MODES, PHASES
-
-COLORS = {
-    "eager": "#9e9e9e",
-    "eager+optimus": "#616161",
-    "compile": "#1f77b4",
-    "compile+peer": "#ff7f0e",
-    "compile+optimus": "#2ca02c",
-}
+from harness.spec import PHASES
 
 
 def _layout(doc: dict[str, Any]) -> tuple[list[str], list[str], list[str], str]:
     keys = list(cell_map(doc))
     models = list(dict.fromkeys(k.model for k in keys))
-    modes = [m for m in MODES if any(k.mode == m for k in keys)]
+    modes = [m for m in mode_registry.names() if any(k.mode == m for k in keys)]
     phases = [p for p in PHASES if any(k.phase == p for k in keys)]
     scales = sorted({k.scale for k in keys})
     return models, modes, phases, "/".join(scales)
@@ -78,7 +72,7 @@ def _grouped_bars(
                 e = err(c) if (err is not None and y is not None) else None
                 lo.append(0.0 if e is None else max(0.0, y - e[0]))
                 hi.append(0.0 if e is None else max(0.0, e[1] - y))
-            ax.bar(x + (i - (len(modes) - 1) / 2) * width, ys, width, label=mode, color=COLORS.get(mode),
+            ax.bar(x + (i - (len(modes) - 1) / 2) * width, ys, width, label=mode, color=mode_registry.color(mode),
                    yerr=[lo, hi] if err is not None else None, capsize=2)  # fmt: skip
         ax.set_xticks(x, models)
         ax.set_xlabel("model")
@@ -113,46 +107,44 @@ def _grouped_bars(
     return path
 
 
-def plot_latency(doc: dict[str, Any], path: Path) -> Path:
+def plot_metric(doc: dict[str, Any], metric: metric_registry.Metric, path: Path) -> Path:
+    """Grouped bars of one metric of ``harness.metric_registry`` per model, mode and phase."""
+    unit, scale = metric.display_unit(doc["cells"])
+
+    def value(c: dict[str, Any]) -> float | None:
+        v = metric.value(c)
+        return None if v is None else v * scale
+
+    err = None
+    if metric.judge == "samples":  # whiskers: the interquartile range of the samples
+
+        def err(c: dict[str, Any]) -> tuple[float, float] | None:
+            v = c[metric.name]
+            return (v["q1"] * scale, v["q3"] * scale) if "q1" in v else None
+
+    compile_modes = tuple(m.name for m in mode_registry.modes() if m.has_compile_time)
     return _grouped_bars(
-        doc,
-        lambda c: c["latency_ms"]["median"],
-        "median step latency (ms)",
-        "Step latency per mode (bar: median, whiskers: IQR)",
-        path,
-        err=lambda c: (c["latency_ms"]["q1"], c["latency_ms"]["q3"]) if "q1" in c["latency_ms"] else None,
-    )
+        doc, value, metric.plot_ylabel.format(unit=unit), metric.plot_title or metric.name, path, err=err,
+        modes_filter=compile_modes if metric.plot_compile_modes else None,
+    )  # fmt: skip
+
+
+def plot_latency(doc: dict[str, Any], path: Path) -> Path:
+    return plot_metric(doc, metric_registry.get("latency_ms"), path)
 
 
 def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
-    return _grouped_bars(
-        doc,
-        lambda c: c.get("compile_s"),
-        "compile time (s), caches off",
-        "Compile time, caches off (eager+optimus: the optimize call)",
-        path,
-        modes_filter=("eager+optimus", "compile", "compile+peer", "compile+optimus"),
-    )
+    return plot_metric(doc, metric_registry.get("compile_s"), path)
 
 
 def memory_unit(doc: dict[str, Any]) -> tuple[str, int]:
     """KiB, MiB or GiB, whichever keeps the largest bar between 1 and 1024 (readable ticks)."""
-    peak = max((c.get("peak_mem_bytes") or 0 for c in doc["cells"] if c["status"] == "ok"), default=0)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if peak >= scale:
-            return unit, scale
-    return "KiB", 2**10
+    unit, scale = metric_registry.get("peak_mem_bytes").display_unit(doc["cells"])
+    return unit, round(1 / scale)
 
 
 def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
-    unit, scale = memory_unit(doc)
-    return _grouped_bars(
-        doc,
-        lambda c: None if c.get("peak_mem_bytes") is None else c["peak_mem_bytes"] / scale,
-        f"peak memory of one step ({unit})",
-        "Peak memory per mode (CPU: tensors + the step's allocator peak)",
-        path,
-    )
+    return plot_metric(doc, metric_registry.get("peak_mem_bytes"), path)
 
 
 def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -160,9 +152,7 @@ def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
     labels = [f"{r['model']}\n{r['phase']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 3), 4.6))
     x = np.arange(len(rows))
-    for i, (key, color) in enumerate(
-        (("vs compile", COLORS["compile"]), ("vs compile+peer", COLORS["compile+peer"]))
-    ):
+    for i, (key, color) in enumerate((f"vs {b}", mode_registry.color(b)) for b in BASELINES):
         ys, lo, hi = [], [], []
         for r in rows:
             v = r.get(key) or {}
@@ -176,8 +166,8 @@ def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
                 ax.annotate(str(v["status"]), (x[j] + (i - 0.5) * 0.38, 0.02), xycoords=("data", "axes fraction"),
                             rotation=90, ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
         ax.bar(x + (i - 0.5) * 0.38, ys, 0.38, yerr=[lo, hi], capsize=2, color=color,
-               label=f"compile+optimus {key.replace('vs', 'over')}")  # fmt: skip
-    tops = [(r.get(k) or {}).get("hi", 0.0) for r in rows for k in ("vs compile", "vs compile+peer")]
+               label=f"{TARGET} {key.replace('vs', 'over')}")  # fmt: skip
+    tops = [(r.get(f"vs {b}") or {}).get("hi", 0.0) for r in rows for b in BASELINES]
     ax.set_ylim(0.0, max(1.8, *(t * 1.08 for t in tops if np.isfinite(t))))
     ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -186,7 +176,7 @@ def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xlabel("model / phase")
     ax.set_ylabel("speedup (x, >1 is faster; whiskers: 95% CI)")
     scales = "/".join(sorted({r["scale"] for r in rows}))
-    ax.set_title(f"Speedup of compile+optimus - scale {scales}")
+    ax.set_title(f"Speedup of {TARGET} - scale {scales}")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -202,10 +192,10 @@ def plot_changes(rows: list[dict[str, Any]], path: Path) -> Path:
     x = np.arange(len(rows))
     comp = [np.nan if r["compile_change_s"] is None else r["compile_change_s"] for r in rows]
     mem = [np.nan if r["mem_change_pct"] is None else r["mem_change_pct"] for r in rows]
-    a1.bar(x, comp, color=COLORS["compile+optimus"], label="compile+optimus minus compile")
+    a1.bar(x, comp, color=mode_registry.color(TARGET), label=f"{TARGET} minus {BASELINES[0]}")
     a1.set_ylabel("compile time change (s, <0 is faster)")
     a1.set_title("Compile time change vs compile")
-    a2.bar(x, mem, color=COLORS["compile+optimus"], label="compile+optimus vs compile")
+    a2.bar(x, mem, color=mode_registry.color(TARGET), label=f"{TARGET} vs {BASELINES[0]}")
     a2.axhline(-6.0, color="black", linestyle="--", linewidth=0.8, label="paper: ~-6%")
     a2.set_ylabel("peak memory change (%, <0 is less)")
     a2.set_title("Peak memory change vs compile")

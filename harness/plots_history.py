@@ -19,10 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from harness import metric_registry
 from harness.nightly_changes import SeriesResult
-
-UNITS = {"latency_ms": "ms", "peak_mem_bytes": "MiB", "compile_s": "s"}
-SCALE = {"latency_ms": 1.0, "peak_mem_bytes": 1.0 / 2**20, "compile_s": 1.0}
 
 
 def plot_changes(
@@ -37,7 +35,8 @@ def plot_changes(
     fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.2 * rows), squeeze=False)
     for ax, r in zip(axes.flat, chosen, strict=False):
         s = r.series
-        k = SCALE[s.metric]
+        metric = metric_registry.get(s.metric)
+        k = metric.history_scale
         xs = list(range(1, len(s.values) + 1))
         ax.plot(xs, [v * k for v in s.values], "o-", ms=3, lw=0.8, color="#1f77b4", label="nightly figure")
         bounds = [0, *[c.index for c in r.changes], len(s.values)]
@@ -62,7 +61,7 @@ def plot_changes(
                     label=f"alert ({why}) on night {t + 1}: change from night {c.index + 1}")  # fmt: skip
         ax.set_title(f"{s.cell}  {s.metric}", fontsize=9)
         ax.set_xlabel("night")
-        ax.set_ylabel(UNITS[s.metric])
+        ax.set_ylabel(metric.history_unit or metric.unit)
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(chosen) :]:

@@ -9,45 +9,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import paper, plots
+from harness import metric_registry, mode_registry, paper, plots
 from harness.results import cell_map
-from harness.spec import MODES, PHASES, CellKey
+from harness.spec import PHASES, CellKey
 
 
-def _cell_text(c: dict[str, Any] | None, what: str, mem_scale: int = 2**20) -> str:
+def _cell_text(c: dict[str, Any] | None, what: str, scale: float = 1.0) -> str:
+    """Grid text of one cell: its status unless ok, else the metric ``what`` (or the node counts)."""
     if c is None:
         return ""
     if c["status"] != "ok":
         return c["status"]
-    if what == "latency":
-        lat = c["latency_ms"]
-        return f"{lat['median']:.3f} ({lat['iqr']:.3f})"
-    if what == "memory":
-        return "-" if c.get("peak_mem_bytes") is None else f"{c['peak_mem_bytes'] / mem_scale:.4g}"
-    if what == "compile":
-        return "-" if c.get("compile_s") is None else f"{c['compile_s']:.2f}"
-    if what == "peak_at":
-        return c.get("peak_mem_at") or "-"
     if what == "nodes":
         nb, na = c.get("nodes_before"), c.get("nodes_after")
         return "-" if nb is None else f"{nb} -> {na}"
-    raise ValueError(f"what: unknown {what!r}")
+    metric = metric_registry.get(what)
+    v = c.get(metric.name)
+    return "-" if v is None or v == "" else metric.report_text(v, scale)
 
 
-def grid(doc: dict[str, Any], what: str, title: str, mem_scale: int = 2**20) -> str:
-    """One markdown table per phase: rows models, columns modes."""
+def grid(doc: dict[str, Any], what: str, title: str, scale: float = 1.0) -> str:
+    """One markdown table per phase: rows models, columns modes; ``what``: a metric or "nodes"."""
     cells = cell_map(doc)
     keys = list(cells)
     models = list(dict.fromkeys((k.model, k.scale) for k in keys))
-    modes = [m for m in MODES if any(k.mode == m for k in keys)]
+    modes = [m for m in mode_registry.names() if any(k.mode == m for k in keys)]
     out = []
     for phase in [p for p in PHASES if any(k.phase == p for k in keys)]:
         out.append(f"### {title}: {phase}\n")
         out.append("| model | scale | " + " | ".join(modes) + " |")
         out.append("| --- | --- |" + " --- |" * len(modes))
-        for model, scale in models:
-            vals = [_cell_text(cells.get(CellKey(model, scale, m, phase)), what, mem_scale) for m in modes]
-            out.append(f"| {model} | {scale} | " + " | ".join(vals) + " |")
+        for model, sc in models:
+            vals = [_cell_text(cells.get(CellKey(model, sc, m, phase)), what, scale) for m in modes]
+            out.append(f"| {model} | {sc} | " + " | ".join(vals) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -79,22 +73,28 @@ def env_text(doc: dict[str, Any]) -> str:
     )
 
 
+def metric_grids(doc: dict[str, Any]) -> list[str]:
+    """One grid per metric of the registry that has a report title, in registry order."""
+    out = []
+    for m in metric_registry.metrics():
+        if m.report_title is None:
+            continue
+        if m.report_if_present and not any(c.get(m.name) for c in doc["cells"]):
+            continue
+        unit, scale = m.display_unit(doc["cells"])
+        out.append(grid(doc, m.name, m.report_title.format(unit=unit), scale))
+    return out
+
+
 def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     rows = paper.paper_rows(doc)
-    unit, mem_scale = plots.memory_unit(doc)
     parts = [f"# {title}\n", env_text(doc)]
-    if any(r.get("compile+optimus status") for r in rows):
-        parts += ["## compile+optimus against compile and compile+peer\n", paper.format_paper_table(rows), ""]
+    if any(r.get(f"{mode_registry.TARGET} status") for r in rows):
+        against = " and ".join(mode_registry.BASELINES)
+        parts += [f"## {mode_registry.TARGET} against {against}\n", paper.format_paper_table(rows), ""]
     parts += [
         "## Per mode\n",
-        grid(doc, "latency", "Median step latency, ms (IQR)"),
-        grid(doc, "memory", f"Peak memory of one step, {unit}", mem_scale),
-        *(
-            [grid(doc, "peak_at", "Where the step's memory peak falls (CPU; profiler op around it)")]
-            if any(c.get("peak_mem_at") for c in doc["cells"])
-            else []
-        ),
-        grid(doc, "compile", "Compile time, s (caches off)"),
+        *metric_grids(doc),
         grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),
         "## Failed, timed-out and mismatched cells\n",
         failures(doc),
@@ -114,13 +114,10 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
     out.mkdir(parents=True, exist_ok=True)
     if not doc["cells"]:
         raise ValueError("results: no cells to report")
-    images = [
-        plots.plot_latency(doc, out / f"{stem}_latency.png"),
-        plots.plot_compile_time(doc, out / f"{stem}_compile_time.png"),
-        plots.plot_peak_memory(doc, out / f"{stem}_peak_memory.png"),
-    ]
+    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem), key=lambda m: m.plot_rank)
+    images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
     rows = paper.paper_rows(doc)
-    if any(r.get("vs compile") for r in rows):
+    if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
         images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))
         images.append(plots.plot_changes(rows, out / f"{stem}_changes.png"))
     md = out / f"{stem}.md"

@@ -21,63 +21,20 @@ Extra fields are allowed anywhere; renaming or removing one needs a new SCHEMA.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from harness.spec import MODES, PHASES, STATUSES, CellKey
+from harness.cell_record import CELL_FIELDS, LATENCY_FIELDS, CellRecord, NonFiniteError, ResultsError
+from harness.spec import CellKey
 from optimus.atomic import write_atomic  # the one atomic writer (re-exported here)
 
 SCHEMA = 1
 KIND = "optimus-bench-results"
 
-_NUM = (int, float)
-# field -> (allowed types, may be None)
-CELL_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "model": ((str,), False),
-    "scale": ((str,), False),
-    "mode": ((str,), False),
-    "phase": ((str,), False),
-    "status": ((str,), False),
-    "error": ((str,), True),
-    "latency_ms": ((dict,), True),
-    "peak_mem_bytes": (_NUM, True),
-    "compile_s": (_NUM, True),
-    "optimus_s": (_NUM, True),
-    "nodes_before": ((int,), True),
-    "nodes_after": ((int,), True),
-    "max_abs_err": (_NUM, True),
-}
-LATENCY_FIELDS = ("median", "iqr", "samples")
-
-
-class ResultsError(ValueError):
-    """A results file that cannot be trusted; the message names the file and the field."""
-
-
-class NonFiniteError(ResultsError):
-    """A figure in a results file is NaN or infinite: the run recorded garbage, not a measurement.
-
-    Its own class so the gate can answer it as lost data (exit INCOMPLETE), not as bad input."""
-
-
-def _non_finite(value: Any, where: str) -> str | None:
-    """The path of the first NaN/inf number inside ``value`` (dicts and lists walked), or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = _non_finite(v, f"{where}.{k}")
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = _non_finite(v, f"{where}[{i}]")
-            if found:
-                return found
-    return None
+# The cell fields, their validation and the error classes live with the typed cell record.
+__all__ = ["CELL_FIELDS", "LATENCY_FIELDS", "NonFiniteError", "ResultsError", "load", "records", "validate"]
 
 
 def new_results(env: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
@@ -89,45 +46,8 @@ def _fail(where: str, msg: str) -> ResultsError:
 
 
 def validate_cell(cell: Any, where: str) -> None:
-    if not isinstance(cell, dict):
-        raise _fail(where, f"must be an object, got {type(cell).__name__}")
-    bad = _non_finite(cell, where)
-    if bad:
-        raise NonFiniteError(f"{bad}: must be a finite number, got a non-finite value (NaN or inf)")
-    for name, (types, nullable) in CELL_FIELDS.items():
-        if name not in cell:
-            raise _fail(where, f"missing field {name!r}")
-        v = cell[name]
-        if v is None:
-            if not nullable:
-                raise _fail(f"{where}.{name}", "must not be null")
-            continue
-        if isinstance(v, bool) or not isinstance(v, types):
-            raise _fail(f"{where}.{name}", f"has type {type(v).__name__}, expected {types[0].__name__}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise _fail(f"{where}.{name}", f"must be finite, got {v}")
-    if cell["mode"] not in MODES:
-        raise _fail(f"{where}.mode", f"unknown {cell['mode']!r}; allowed values: {', '.join(MODES)}")
-    if cell["phase"] not in PHASES:
-        raise _fail(f"{where}.phase", f"unknown {cell['phase']!r}; allowed values: {', '.join(PHASES)}")
-    if cell["status"] not in STATUSES:
-        raise _fail(f"{where}.status", f"unknown {cell['status']!r}; allowed values: {', '.join(STATUSES)}")
-    if cell["status"] != "ok" and not cell["error"]:
-        raise _fail(f"{where}.error", f"status {cell['status']!r} needs an error message")
-    lat = cell["latency_ms"]
-    if cell["status"] == "ok" and lat is None:
-        raise _fail(f"{where}.latency_ms", "an ok cell needs latency samples")
-    if lat is not None:
-        for name in LATENCY_FIELDS:
-            if name not in lat:
-                raise _fail(f"{where}.latency_ms", f"missing field {name!r}")
-        samples = lat["samples"]
-        if not isinstance(samples, list) or not all(
-            isinstance(s, _NUM) and not isinstance(s, bool) and math.isfinite(s) and s >= 0 for s in samples
-        ):
-            raise _fail(f"{where}.latency_ms.samples", "must be a list of finite numbers >= 0 (milliseconds)")
-        if not samples:
-            raise _fail(f"{where}.latency_ms.samples", "is empty")
+    """Raise ResultsError naming the field when ``cell`` is not a valid cell (``CellRecord``)."""
+    CellRecord.from_dict(cell, where)
 
 
 def validate(doc: Any, source: str = "results") -> dict[str, Any]:
@@ -209,6 +129,11 @@ def upsert_cell(doc: dict[str, Any], cell: dict[str, Any]) -> None:
             cells[i] = cell
             return
     cells.append(cell)
+
+
+def records(doc: dict[str, Any]) -> list[CellRecord]:
+    """The cells of a validated document as typed records."""
+    return [CellRecord.from_dict(c, f"cells[{i}]") for i, c in enumerate(doc["cells"])]
 
 
 def cell_map(doc: dict[str, Any]) -> dict[CellKey, dict[str, Any]]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import results
+from harness import mode_registry, results
 from harness.env import REPO_ROOT, collect_env
 from harness.spec import CellKey, RunConfig
 
@@ -137,12 +137,12 @@ def run_suite(
     on_cell: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every cell of ``cfg`` not already done, writing ``out`` after each; return the document."""
-    from harness.modes import peer_fusion_options
-
     path = Path(out)
     config = cfg.as_dict()
-    if "compile+peer" in cfg.modes:
-        config["peer_options"] = sorted(peer_fusion_options())
+    for name in cfg.modes:  # run-level facts of a mode (compile+peer: the peer's pattern keys)
+        run_info = mode_registry.get(name).run_info
+        if run_info is not None:
+            config.update(run_info())
     if resume and path.exists():
         doc = results.load(path)
         _check_resumable(doc, config, path)
