@@ -3,7 +3,13 @@
 The cells are real harness measurements (own subprocess, raw samples) of the harness's
 stand-in model in eager mode, one torch thread, so four nights fit in the CI budget. The
 slowdown is injected where the harness measures (OPTIMUS_BENCH_INJECT_SLOWDOWN), so the
-nightly sees nothing but slower samples. Thresholds are the repository's config file.
+nightly sees nothing but slower samples.
+
+Thresholds: the repository's config file with a wider latency gate (200% instead of 5%) and a
+10x injected slowdown. Why: nights run seconds apart on a shared 2-core CI machine, and an
+unchanged night was seen 66% slower than its base there (0.544 -> 0.903 ms, CI of 05c65f9),
+so the 5% gate makes "an unchanged night passes" a coin toss. The gate logic at the real
+thresholds is tested on fixed samples in test_nightly_gate.py and test_nightly_logic.py.
 """
 
 from __future__ import annotations
@@ -15,8 +21,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+NIGHTLY = [sys.executable, "-m", "harness.cli", "nightly"]
+LATENCY_GATE = 2.0  # +200%: far above the machine's night-to-night noise
+SLOWDOWN = "9.0"  # every timed step takes 10x as long: +900%, far above the gate
 ARGS = ["--provider", "tests.harness.fakes:build", "--models", "towers", "--scale", "small",
         "--modes", "eager", "--phases", "infer", "--threads", "1", "--no-asv", "--no-progress"]  # fmt: skip
+
+
+def wide_gate_config(tmp_path: Path) -> Path:
+    """The repository's nightly config with the latency gate widened to ``LATENCY_GATE``."""
+    cfg = json.loads((ROOT / "benchmarks" / "nightly_thresholds.json").read_text())
+    cfg["harness"]["latency"] = LATENCY_GATE
+    path = tmp_path / "nightly_thresholds.json"
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 def night(store: Path, slowdown: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -25,7 +43,7 @@ def night(store: Path, slowdown: str | None = None) -> subprocess.CompletedProce
     if slowdown is not None:
         env["OPTIMUS_BENCH_INJECT_SLOWDOWN"] = slowdown
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "nightly", "--store", str(store), *ARGS],
+        [*NIGHTLY, "--store", str(store), "--config", str(wide_gate_config(store.parent)), *ARGS],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -46,7 +64,7 @@ def test_nightly_catches_injected_slowdown_and_passes_unchanged_runs(tmp_path: P
     assert "# Nightly PASS" in unchanged.stdout
     assert "**regression**" not in unchanged.stdout
 
-    slowed = night(store, "0.15")
+    slowed = night(store, SLOWDOWN)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
     assert "# Nightly REGRESSION" in slowed.stdout
     latency = [
@@ -56,9 +74,9 @@ def test_nightly_catches_injected_slowdown_and_passes_unchanged_runs(tmp_path: P
     ]
     assert len(latency) == 1 and "**regression**" in latency[0], slowed.stdout
     change = float(latency[0].split("|")[5].strip().rstrip("%"))
-    # +15% injected; seen +9% to +155% here: on a loaded 2-core machine a longer timed region
-    # is preempted more often, so only the direction and the threshold are asserted.
-    assert change > 5.0, latency[0]
+    # +900% injected; on a loaded 2-core machine a longer timed region is preempted more often,
+    # so only the direction and the gate are asserted.
+    assert change > 100 * LATENCY_GATE, latency[0]
     assert "| towers/small/eager/infer | 1 | latency_ms |" in slowed.stdout  # re-measured, still slow
 
     # A red night is never a base: the next unchanged night compares with the last green one.
