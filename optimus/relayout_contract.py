@@ -26,15 +26,19 @@ test machine), and the stacked parameter requires grad exactly when some member 
   deleted): a ``RuntimeError`` that says which, at that call.
 
 Under ``torch.compile`` of the optimized module the pre-hook is traced away (Dynamo cannot run
-it per call): change parameters before compiling, or call :func:`sync` yourself after changing
-them. The backward hook raises if it finds the views cut (``.to()``) or members replaced
-(``assign=True``); a compiled forward without a backward reads the old values: a known gap.
+it per call). What still keeps the contract there: ``load_state_dict`` of the optimized module
+(in place or ``assign=True``) re-lays out at the end of the load (a load post-hook), and
+``.to()`` of the optimized module (or of a module holding it) re-lays out at the end of the
+conversion (``gm._apply``). Any other change after compiling (a ``.data`` swap, a new Parameter
+set on a submodule, ``.to()`` of the original model, a load of a submodule alone): call
+:func:`sync` yourself. The backward hook raises if it finds the views cut or members replaced.
 """
 
 from __future__ import annotations
 
 import copy
 import operator
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +132,10 @@ def _install(gm: fx.GraphModule) -> None:
     if gm.__dict__.get(_HOOKED_ATTR):
         return
     gm.register_forward_pre_hook(_check_hook)
+    if _sync_after_load not in gm._load_state_dict_post_hooks.values():
+        gm.register_load_state_dict_post_hook(_sync_after_load)
+    # ``.to()``/``.double()``/``.cuda()`` of ``gm`` or of a module holding it reach ``gm._apply``
+    gm.__dict__["_apply"] = types.MethodType(_apply_then_sync, gm)
     register = getattr(gm, "_register_deepcopy_hook", None)
     if register is not None and _install not in getattr(gm, "_deepcopy_hooks", ()):
         register(_install)  # GraphModule.__deepcopy__ drops forward hooks: the copy re-installs
@@ -137,6 +145,22 @@ def _install(gm: fx.GraphModule) -> None:
 def _check_hook(module: nn.Module, args: Any) -> None:
     if torch.compiler.is_compiling():
         return  # traced away: Dynamo cannot run the check per call (see the module docstring)
+    _sync(module)
+
+
+def _apply_then_sync(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+    """``Module._apply`` (behind ``.to()``), then re-lay out. Why: the conversion replaces each
+    member's ``.data`` on its own, which cuts its view of the stacked storage; under
+    ``torch.compile`` no per-call check would re-connect them before the next step."""
+    type(self)._apply(self, fn, recurse)
+    _sync(self)
+    return self
+
+
+def _sync_after_load(module: nn.Module, incompatible_keys: Any) -> None:
+    """After ``load_state_dict`` of the optimized module (in place or ``assign=True``): re-lay out
+    now, not at the next call. Why: under ``torch.compile`` the per-call check is traced away, and
+    a compiled inference call would otherwise keep reading the values from before the load."""
     _sync(module)
 
 

@@ -332,19 +332,37 @@ def test_compiled_optimized_module_honours_freezing_and_hooks(backend: str) -> N
     assert len(seen["fused"]) == len(seen["ref"]) == 2
     torch.testing.assert_close(seen["fused"][1], seen["ref"][1])
     assert_same_params(model, ref)
-    # assign=True after compiling: the compiled forward still reads the old storage; the backward
-    # refuses to train the replaced parameters' stale copies, and sync() re-lays them out. (A
-    # .to(float64) after compiling is a new input dtype: the optimized module re-optimizes for it,
-    # which fullgraph=True refuses; see test_call_specialization.py.)
-    from optimus.relayout_contract import sync
 
+
+@pytest.mark.compile
+def test_loads_and_conversions_after_compiling_reach_the_compiled_forward() -> None:
+    """Under torch.compile the per-call check is traced away; a load (``assign=True`` or in place)
+    and a ``.to()`` of the optimized module re-lay out when they happen, so the next compiled call
+    (inference or training) reads the new values. Before: the compiled forward kept reading the
+    stacked values from before the change, silently, unless ``sync(compiled)`` was called."""
+    _, ref, gm, x = setup(15)
+    torch._dynamo.reset()
+    compiled = torch.compile(gm, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), ref(x))
     torch.manual_seed(120)
     other = Towers()
     gm.load_state_dict(dict(zip(gm.state_dict(), other.state_dict().values(), strict=True)), assign=True)
-    with pytest.raises(RuntimeError, match="was replaced"):
-        loss(compiled(x)).backward()
-    sync(compiled)
-    torch.testing.assert_close(compiled(x), other(x))
+    ref.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref(x))  # inference: no backward hook to catch it
+    gm.double().float()  # every member's .data replaced: views of the stacked storage cut
+    ref.double().float()
+    torch.manual_seed(121)
+    state = Towers().state_dict()
+    gm.load_state_dict(dict(zip(gm.state_dict(), state.values(), strict=True)))  # in place
+    ref.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref(x))
+    members = [p for n, p in gm.named_parameters() if not n.startswith(PREFIX)]
+    opt, opt_ref = (torch.optim.SGD(ps, lr=0.1) for ps in (members, ref.parameters()))
+    train([(compiled, opt), (ref, opt_ref)], x, 2)  # training after the conversion, no sync()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref(x))
 
 
 def test_steady_state_calls_do_not_re_lay_out() -> None:
