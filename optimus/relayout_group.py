@@ -115,9 +115,27 @@ class _Group:
         for i, (p, view) in enumerate(zip(self.members, self.views(value), strict=True)):
             p.data = view  # same Parameter object (optimizers, hooks keep working), new storage
             setattr(p, GROUP_ATTR, (self, i))
+            _standalone_grad(p)
         self.base_ptr = self.stacked.data_ptr()
         self.member_ptrs = list(map(_DATA_PTR, self.members))
         self.forget_buffer()
+
+
+def _standalone_grad(p: nn.Parameter) -> None:
+    """A member's ``.grad`` that is a view of a gradient buffer but no longer lives in it becomes a
+    plain tensor with the same values.
+
+    Why: ``Module.to()`` converts each ``.grad`` with ``grad.data = converted``, which keeps the
+    view's autograd metadata (a float32 buffer as its base) around float64 data. The unfused model
+    never has such a tensor; Dynamo cannot fake it ("view Float as Double"), so a re-capture of the
+    model for the converted inputs failed and fell back to per-call Dynamo subgraphs."""
+    g = p.grad
+    if g is None or not g._is_view():
+        return
+    base = g._base
+    if base is not None and g.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+        return  # a real view of the buffer (dtype and device as the base's)
+    p.grad = g.detach().clone()
 
 
 def view_fn(kind: _Kind, sizes: Sequence[int]) -> Callable[[torch.Tensor], list[torch.Tensor]]:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from . import relayout_contract
 from .call_signature import InputSignature, forward_names, mode_sensitive_modules, modes
 
 log = logging.getLogger("optimus")
@@ -113,6 +114,16 @@ _dispatch = torch.compiler.disable(
 )
 
 
+def _sync_relayout(gm: fx.GraphModule) -> None:
+    """Restore a re-laid-out group whose members were changed (``.to()``, ``assign=True``) before
+    the module is re-captured for a new call. Why: the forward pre-hook that does this per call
+    runs only inside ``super().__call__``, after the re-capture has already read the members."""
+    relayout_contract.sync(gm)
+
+
+_sync_relayout = torch.compiler.disable(_sync_relayout, reason="optimus: re-capture outside torch.compile")
+
+
 class SpecializedGraphModule(fx.GraphModule):
     """A GraphModule whose calls are checked against what its graph was specialized to."""
 
@@ -127,6 +138,7 @@ class SpecializedGraphModule(fx.GraphModule):
             args = bound
         if guard.matches(args):
             return super().__call__(*args)
+        _sync_relayout(self)  # a re-capture reads the original module's parameters: connect them
         return _dispatch(guard, super().__call__, args)
 
     def train(self, mode: bool = True) -> SpecializedGraphModule:
