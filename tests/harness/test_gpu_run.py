@@ -1,6 +1,7 @@
 """scripts/gpu-run, the prepared GPU run, on this CPU machine: its dry run (``--device cpu``) goes
-the whole way (harness run of the dense-only provider, results file, report, log) at a tiny size,
-and every way it refuses is one line with the harness's exit codes."""
+the whole way (harness run of the dense-only provider, results file, report, log) at a tiny size
+with torchrec and fbgemm unimportable, as on the GPU machine; every way it refuses is one line
+with the harness's exit codes."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ from harness import exit_codes, results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-run"
+BLOCKED = ROOT / "tests" / "blocked_imports"
 
 
 def _gpu_run(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    """The script as the GPU machine runs it: torchrec and fbgemm_gpu cannot be imported
+    (tests/blocked_imports first on the path, for the harness's cell processes too)."""
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(BLOCKED), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run(
         ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
