@@ -84,3 +84,26 @@ def test_the_time_limit_stops_the_run_and_says_so(tmp_path: Path) -> None:
     run = _gpu_run(str(tmp_path / "gpu"), "--device", "cpu", "--limit-s", "2", timeout=60)
     assert run.returncode == exit_codes.INCOMPLETE, run.stderr[-2000:]
     assert "gpu-run: stopped at the time limit (2 s)" in run.stderr
+
+
+def test_defaults_cover_every_family_mode_and_phase(tmp_path: Path) -> None:
+    """The command the script builds, read through a stand-in interpreter that records its
+    arguments: every family of the registry, and no --modes/--phases, so the harness's own
+    defaults (every mode of harness/mode_registry.py, both phases) apply."""
+    import models
+    from harness import cli, mode_registry
+
+    argv_file = tmp_path / "argv"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {argv_file}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out")}
+    run = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    argv = argv_file.read_text().splitlines()
+    assert argv[:3] == ["-m", "harness.cli", "run"]  # no results file: no report afterwards
+    args = cli.build_parser().parse_args(argv[2:])
+    assert args.provider == "models.dense_only:build" and args.device == "cuda" and args.scale == "tiny"
+    assert sorted(args.models.split(",")) == sorted(models.FAMILIES)
+    assert args.modes.split(",") == list(mode_registry.names()) and args.phases == "infer,train"
+    assert args.out == str(tmp_path / "out" / "gpu-run.json")
