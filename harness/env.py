@@ -27,11 +27,19 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+GIT_SHA_ENV = "OPTIMUS_BENCH_GIT_SHA"
+
+
 def git_info() -> dict[str, Any]:
-    """Commit sha and whether the working tree has uncommitted changes (None outside git)."""
+    """Commit sha and whether the working tree has uncommitted changes (None outside git).
+
+    Outside git (a copy of the tree without ``.git``, as on the lent GPU machine), the sha
+    is taken from ``OPTIMUS_BENCH_GIT_SHA`` when set, with ``dirty`` and ``branch`` unknown:
+    whoever sends the copy knows its commit, the copy cannot tell."""
     sha = _git("rev-parse", "HEAD")
     if sha is None:
-        return {"sha": None, "dirty": None, "branch": None}
+        given = os.environ.get(GIT_SHA_ENV, "").strip() or None
+        return {"sha": given, "dirty": None, "branch": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "sha": sha,
