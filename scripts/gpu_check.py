@@ -2,7 +2,7 @@
 
 WHY: the project is developed on CPU-only machines; a borrowed GPU (one H200, a few minutes of wall
 time) is rare. This script gets the most out of one run on it: the tower model
-(``tests/optimus/optimus_models.Towers``: split input -> per-tower Linear -> LayerNorm -> tanh) under
+(``models.synthetic_towers.Towers``: split input -> per-tower Linear -> LayerNorm -> tanh) under
 eager, eager+optimus (``optimus.optimize`` with the one-time parameter re-layout), compile (Inductor),
 compile+peer (Inductor's own pre-grad batch fusions and split/cat patterns, every one this torch
 ships) and compile+optimus (Inductor on the re-laid-out GraphModule); inference and a training step;
@@ -59,9 +59,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "optimus"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from optimus_models import Towers
-
 import optimus
+from models.synthetic_towers import Towers
 from optimus.layout_relayout import RelayoutParams
 
 MODES = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
