@@ -60,7 +60,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import optimus
-from models.synthetic_towers import Towers
 from optimus.layout_relayout import RelayoutParams
 
 MODES = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
@@ -545,6 +544,9 @@ def base_model(cfg: TowerConfig, device: torch.device, train: bool) -> tuple[nn.
     """Towers(n, width, hidden=width) with seed 0, moved to ``device`` BEFORE any optimize (the
     re-layout requires that), and its seeded input."""
     torch.manual_seed(0)
+    # imported here: scripts/gpu_dense_archs.py imports this module before it may stub torchrec
+    from models.synthetic_towers import Towers
+
     model = Towers(cfg.towers, cfg.width, cfg.width).to(device).train(train)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(cfg.batch, cfg.towers * cfg.width, generator=gen).to(device)
