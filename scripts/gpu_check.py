@@ -61,6 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import optimus
 from optimus.layout_relayout import RelayoutParams
+from optimus.timing import time_block
 
 MODES = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
 PHASES = ("infer", "train")
@@ -401,11 +402,7 @@ def step_fn(p: Prepared, x: torch.Tensor | Inputs, train: bool) -> Step:
 def time_calls(step: Step, iters: int, device: torch.device) -> float:
     """Seconds per call over ``iters`` back-to-back calls (device synchronized before each clock read)."""
     sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync(device)
-    return (time.perf_counter() - start) / iters
+    return time_block(step, iters, lambda: sync(device)) / iters
 
 
 def peak_memory(step: Step, device: torch.device) -> dict[str, int | None]:
