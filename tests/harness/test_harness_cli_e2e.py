@@ -42,13 +42,15 @@ def test_list_and_models(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.compile
 def test_run_report_compare_end_to_end(tmp_path: Path) -> None:
+    """Every mode on one real model (towers; dlrm's compiled cells doubled CI's longest test, 410 s
+    under load, and torchrec models run end to end in test_provider.py)."""
     out = tmp_path / "run.json"
-    run = _cli("run", "--models", "towers,dlrm", "--scale", "tiny", "--modes", ",".join(MODES), "--phases", "infer",
+    run = _cli("run", "--models", "towers", "--scale", "tiny", "--modes", ",".join(MODES), "--phases", "infer",
                "--warmup", "1", "--min-iters", "3", "--max-iters", "5", "--budget-s", "0.05", "--out", str(out))  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "cells [" in run.stderr  # the progress bar: done/total, elapsed<remaining
     doc = results.load(out)
-    assert len(doc["cells"]) == 2 * len(MODES)
+    assert len(doc["cells"]) == len(MODES)
     bad = [(c["model"], c["mode"], c["status"], c["error"]) for c in doc["cells"] if c["status"] != "ok"]
     assert not bad, bad
     env = doc["env"]
@@ -56,7 +58,7 @@ def test_run_report_compare_end_to_end(tmp_path: Path) -> None:
     assert env["versions"]["torch"].startswith("2.13.0") and env["versions"]["torchrec"] and env["cpu"]
     assert "batch_linear" in doc["config"]["peer_options"]
     by_mode = {(c["model"], c["mode"]): c for c in doc["cells"]}
-    for model in ("towers", "dlrm"):
+    for model in ("towers",):
         opt = by_mode[(model, "compile+optimus")]
         assert opt["optimus_s"] is not None and opt["optimus_s"] > 0 and opt["nodes_before"] > 0
         assert opt["compile_s"] > opt["optimus_s"]
