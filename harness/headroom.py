@@ -33,26 +33,22 @@ from torch import nn
 
 import optimus
 from harness import interleaved
+from models.synthetic_towers import Towers
 from optimus.layout_relayout import RelayoutParams
 
 VARIANTS = ("separate", "runtime", "ideal", "relayout")
 
 
-class TowerGroup(nn.Module):
-    """G independent linears over the G slices of a [G, B, K] input."""
-
-    def __init__(self, g: int, k: int, n: int) -> None:
-        super().__init__()
-        self.linears = nn.ModuleList([nn.Linear(k, n) for _ in range(g)])
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(lin(xi) for xi, lin in zip(x.unbind(0), self.linears, strict=True))
+def tower_group(g: int, k: int, n: int) -> Towers:
+    """G independent linears over the G slices of a [G, B, K] input (``x.unbind(0)``), outputs as
+    a tuple: the shared synthetic towers model (models/synthetic_towers.py) in that configuration."""
+    return Towers(g, k, n, slices="unbind", body=("linear",), join="tuple")
 
 
 class Ideal(nn.Module):
     """The ideal kernel: weights already stacked, contiguous, in the layout baddbmm wants."""
 
-    def __init__(self, src: TowerGroup) -> None:
+    def __init__(self, src: Towers) -> None:
         super().__init__()
         with torch.no_grad():
             self.w = nn.Parameter(torch.stack([lin.weight.t() for lin in src.linears]).contiguous())
@@ -65,16 +61,16 @@ class Ideal(nn.Module):
 def build(g: int, k: int, n: int, seed: int = 0) -> dict[str, tuple[nn.Module, list[nn.Parameter]]]:
     """The four variants, each with the parameters whose grads it produces (same values)."""
     torch.manual_seed(seed)
-    base = TowerGroup(g, k, n)
+    base = tower_group(g, k, n)
     x = torch.randn(g, 2, k)
     out: dict[str, tuple[nn.Module, list[nn.Parameter]]] = {"separate": (base, list(base.parameters()))}
-    runtime_src = TowerGroup(g, k, n)
+    runtime_src = tower_group(g, k, n)
     runtime_src.load_state_dict(base.state_dict())
     runtime = optimus.optimize(runtime_src, (x,), rules=["batch_linear", "dce"])
     out["runtime"] = (runtime, list(runtime_src.parameters()))
     ideal = Ideal(base)
     out["ideal"] = (ideal, list(ideal.parameters()))
-    relayout_src = TowerGroup(g, k, n)
+    relayout_src = tower_group(g, k, n)
     relayout_src.load_state_dict(base.state_dict())
     cfg = optimus.OptimusConfig(rules=("batch_linear", "dce"), layout=RelayoutParams())
     relayout = optimus.optimize(relayout_src, (x,), config=cfg)

@@ -27,6 +27,7 @@ from harness import cell as cell_mod
 from harness import mode_registry, modes, stats
 from harness.env import collect_env
 from harness.spec import PHASES
+from optimus.timing import time_block
 
 
 @dataclass
@@ -94,11 +95,7 @@ def interleave(
     for r in range(rounds):
         order = contenders if r % 2 == 0 else list(reversed(contenders))
         for c in order:
-            t0 = clock()
-            for _ in range(steps):
-                c.step()
-            sync()
-            out[c.mode].append((clock() - t0) * 1e3 / steps)
+            out[c.mode].append(time_block(c.step, steps, sync, clock) * 1e3 / steps)
         if progress is not None:
             progress(r + 1)
     return out

@@ -27,6 +27,21 @@ FIELDS: dict[str, Field] = {
     "adapter_dim": Field("int", "per-feature Linear->LayerNorm width (0: none)", 0, 4096),
 }
 
+# This family's own sizes per base scale; models/presets.py adds the sizes every family shares
+# (SCALE_COMMON) and makes medium-hetero from medium.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_sparse_features=4, structure="stacked", cross_layers=2, cross_rank=4,
+                 deep_mlp=(16,), adapter_dim=8),
+    "small": dict(num_sparse_features=26, structure="stacked", cross_layers=3, cross_rank=32,
+                  deep_mlp=(256, 128), adapter_dim=16),
+    "medium": dict(num_sparse_features=120, structure="parallel", cross_layers=3, cross_rank=64,
+                   deep_mlp=(512, 256), adapter_dim=8),
+    "large": dict(num_sparse_features=440, structure="parallel", cross_layers=4, cross_rank=64,
+                  deep_mlp=(512, 256), adapter_dim=8),
+    "xl": dict(num_sparse_features=1450, structure="parallel", cross_layers=4, cross_rank=128,
+               deep_mlp=(1024, 512), adapter_dim=8),
+}  # fmt: skip
+
 
 class LowRankCross(nn.Module):
     """One DCN-v2 cross layer with a rank-r weight: x0 * U(V(x)) + x."""

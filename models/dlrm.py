@@ -27,6 +27,35 @@ FIELDS: dict[str, Field] = {
     "feature_projections": Field("bool", "per-feature Linear projection before the interaction"),
 }
 
+# This family's own sizes per base scale; models/presets.py adds the sizes every family shares
+# (SCALE_COMMON) and makes medium-hetero from medium.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_sparse_features=4, bottom_mlp=(16,), top_mlp=(16,), interaction_groups=1,
+                 feature_projections=True),
+    "small": dict(num_sparse_features=26, bottom_mlp=(128, 64), top_mlp=(256, 128),
+                  interaction_groups=1, feature_projections=True),
+    "medium": dict(num_sparse_features=200, bottom_mlp=(256, 64), top_mlp=(512, 256),
+                   interaction_groups=8, feature_projections=True),
+    "large": dict(num_sparse_features=760, bottom_mlp=(256, 64), top_mlp=(512, 256),
+                  interaction_groups=24, feature_projections=True),
+    "xl": dict(num_sparse_features=2500, bottom_mlp=(512, 128), top_mlp=(1024, 512),
+               interaction_groups=64, feature_projections=True),
+}  # fmt: skip
+
+
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Limits between this family's fields (models/presets.py runs it after the field checks)."""
+    if cfg["interaction_groups"] > cfg["num_sparse_features"]:
+        raise ValueError(
+            f"dlrm: config field 'interaction_groups'={cfg['interaction_groups']} exceeds "
+            f"num_sparse_features={cfg['num_sparse_features']}; allowed: 1..num_sparse_features"
+        )
+    if "hetero_seed" in cfg and not cfg["feature_projections"]:
+        raise ValueError(
+            "dlrm: config field 'hetero_seed' needs feature_projections=True (the projections bring "
+            "every table's own dim to the interaction's embedding_dim); allowed: feature_projections=True"
+        )
+
 
 class DLRMDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:

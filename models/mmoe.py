@@ -26,6 +26,21 @@ FIELDS: dict[str, Field] = {
     "adapter_dim": Field("int", "per-feature Linear->LayerNorm->SiLU width (0: none)", 0, 4096),
 }
 
+# This family's own sizes per base scale; models/presets.py adds the sizes every family shares
+# (SCALE_COMMON) and makes medium-hetero from medium.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_sparse_features=4, num_experts=2, expert_mlp=(16,), task_tower=(8,),
+                 adapter_dim=8),
+    "small": dict(num_sparse_features=26, num_experts=4, expert_mlp=(128, 64), task_tower=(32,),
+                  adapter_dim=16),
+    "medium": dict(num_sparse_features=100, num_experts=8, expert_mlp=(256, 64), task_tower=(32,),
+                   adapter_dim=8),
+    "large": dict(num_sparse_features=385, num_experts=8, expert_mlp=(256, 64), task_tower=(32,),
+                  adapter_dim=8),
+    "xl": dict(num_sparse_features=1260, num_experts=16, expert_mlp=(512, 128), task_tower=(64,),
+               adapter_dim=8),
+}  # fmt: skip
+
 
 class MMoEDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:

@@ -1,4 +1,7 @@
-"""Scale presets tiny..xl for every family, and config resolution (preset + overrides, checked).
+"""Scale presets tiny..xl, and config resolution (preset + overrides, checked).
+
+A preset is the sizes every family shares at that scale (`SCALE_COMMON`, here) plus the family's
+own (its module's `PRESETS`, e.g. models/towers.py); `medium-hetero` is `medium` plus a width seed.
 
 Why presets are data: the harness, asv and the docs table all read the same numbers, and a
 config is a plain dict (JSON-able, stored in results as `meta["config"]`).
@@ -45,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from models.fields import COMMON, Field, check
-from models.registry import family
+from models.registry import FAMILIES, family
 
 SCALES: tuple[str, ...] = ("tiny", "small", "medium", "large", "xl", "medium-hetero")
 # Scales that are another scale's preset plus heterogeneous widths (models/widths.py): same
@@ -54,7 +57,8 @@ HETERO_SCALES: dict[str, tuple[str, int]] = {"medium-hetero": ("medium", 0)}
 
 _DATA = {"pooling_spread": 0.6, "zipf_alpha": 1.05, "memory_budget_gib": 8.0}
 
-# Sizes shared by all families at a scale; the feature counts are set per family below.
+# Sizes shared by all families at a scale; the feature counts and the family's own fields are in
+# each family module's PRESETS.
 SCALE_COMMON: dict[str, dict[str, Any]] = {
     "tiny": dict(num_dense_features=4, features_per_table=1, rows_per_table=100, embedding_dim=8,
                  batch_size=16, num_batches=2, num_tasks=2, pooling_mean=2.0, max_pooling=8, **_DATA),
@@ -68,56 +72,17 @@ SCALE_COMMON: dict[str, dict[str, Any]] = {
                batch_size=256, num_batches=4, num_tasks=6, pooling_mean=2.0, max_pooling=32, **_DATA),
 }  # fmt: skip
 
-FAMILY_SCALE: dict[str, dict[str, dict[str, Any]]] = {
-    "dlrm": {
-        "tiny": dict(num_sparse_features=4, bottom_mlp=(16,), top_mlp=(16,), interaction_groups=1,
-                     feature_projections=True),
-        "small": dict(num_sparse_features=26, bottom_mlp=(128, 64), top_mlp=(256, 128),
-                      interaction_groups=1, feature_projections=True),
-        "medium": dict(num_sparse_features=200, bottom_mlp=(256, 64), top_mlp=(512, 256),
-                       interaction_groups=8, feature_projections=True),
-        "large": dict(num_sparse_features=760, bottom_mlp=(256, 64), top_mlp=(512, 256),
-                      interaction_groups=24, feature_projections=True),
-        "xl": dict(num_sparse_features=2500, bottom_mlp=(512, 128), top_mlp=(1024, 512),
-                   interaction_groups=64, feature_projections=True),
-    },
-    "dcn": {
-        "tiny": dict(num_sparse_features=4, structure="stacked", cross_layers=2, cross_rank=4,
-                     deep_mlp=(16,), adapter_dim=8),
-        "small": dict(num_sparse_features=26, structure="stacked", cross_layers=3, cross_rank=32,
-                      deep_mlp=(256, 128), adapter_dim=16),
-        "medium": dict(num_sparse_features=120, structure="parallel", cross_layers=3, cross_rank=64,
-                       deep_mlp=(512, 256), adapter_dim=8),
-        "large": dict(num_sparse_features=440, structure="parallel", cross_layers=4, cross_rank=64,
-                      deep_mlp=(512, 256), adapter_dim=8),
-        "xl": dict(num_sparse_features=1450, structure="parallel", cross_layers=4, cross_rank=128,
-                   deep_mlp=(1024, 512), adapter_dim=8),
-    },
-    "towers": {
-        "tiny": dict(num_sparse_features=4, tower_layers=2, tower_dim=8, dense_groups=2, gated=True,
-                     over_arch=(16,)),
-        "small": dict(num_sparse_features=26, tower_layers=2, tower_dim=16, dense_groups=4, gated=True,
-                      over_arch=(256, 64)),
-        "medium": dict(num_sparse_features=60, tower_layers=2, tower_dim=16, dense_groups=8, gated=True,
-                       over_arch=(512, 128)),
-        "large": dict(num_sparse_features=150, tower_layers=2, tower_dim=16, dense_groups=16, gated=True,
-                      over_arch=(1024, 256)),
-        "xl": dict(num_sparse_features=480, tower_layers=2, tower_dim=16, dense_groups=32, gated=True,
-                   over_arch=(1024, 256)),
-    },
-    "mmoe": {
-        "tiny": dict(num_sparse_features=4, num_experts=2, expert_mlp=(16,), task_tower=(8,),
-                     adapter_dim=8),
-        "small": dict(num_sparse_features=26, num_experts=4, expert_mlp=(128, 64), task_tower=(32,),
-                      adapter_dim=16),
-        "medium": dict(num_sparse_features=100, num_experts=8, expert_mlp=(256, 64), task_tower=(32,),
-                       adapter_dim=8),
-        "large": dict(num_sparse_features=385, num_experts=8, expert_mlp=(256, 64), task_tower=(32,),
-                      adapter_dim=8),
-        "xl": dict(num_sparse_features=1260, num_experts=16, expert_mlp=(512, 128), task_tower=(64,),
-                   adapter_dim=8),
-    },
-}  # fmt: skip
+
+def _check_family_presets() -> None:
+    """Every family's PRESETS covers every scale of SCALE_COMMON (checked at import: a new family
+    missing a scale fails at `import models`, naming its file, not in some later build)."""
+    for name in FAMILIES:
+        missing = [s for s in SCALE_COMMON if s not in family(name).PRESETS]
+        if missing:
+            raise ImportError(f"models/{name}.py: PRESETS lacks scales {missing}; needs {list(SCALE_COMMON)}")
+
+
+_check_family_presets()
 
 
 def fields(family_name: str) -> dict[str, Field]:
@@ -132,8 +97,8 @@ def preset(family_name: str, scale: str) -> dict[str, Any]:
         raise ValueError(f"unknown scale {scale!r}; allowed scales: {list(SCALES)}")
     if scale in HETERO_SCALES:
         base, seed = HETERO_SCALES[scale]
-        return {**SCALE_COMMON[base], **FAMILY_SCALE[family_name][base], "hetero_seed": seed}
-    return {**SCALE_COMMON[scale], **FAMILY_SCALE[family_name][scale]}
+        return {**SCALE_COMMON[base], **family(family_name).PRESETS[base], "hetero_seed": seed}
+    return {**SCALE_COMMON[scale], **family(family_name).PRESETS[scale]}
 
 
 def resolve(family_name: str, scale: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -152,22 +117,11 @@ def resolve(family_name: str, scale: str, overrides: Mapping[str, Any] | None = 
 
 
 def _check_cross_fields(family_name: str, cfg: Mapping[str, Any]) -> None:
+    """The family's own limits between fields (its optional `check_config`), then the common ones."""
+    family_check = getattr(family(family_name), "check_config", None)
+    if family_check is not None:
+        family_check(cfg)
     n = cfg["num_sparse_features"]
-    if family_name == "dlrm" and cfg["interaction_groups"] > n:
-        raise ValueError(
-            f"dlrm: config field 'interaction_groups'={cfg['interaction_groups']} exceeds "
-            f"num_sparse_features={n}; allowed: 1..num_sparse_features"
-        )
-    if family_name == "dlrm" and "hetero_seed" in cfg and not cfg["feature_projections"]:
-        raise ValueError(
-            "dlrm: config field 'hetero_seed' needs feature_projections=True (the projections bring "
-            "every table's own dim to the interaction's embedding_dim); allowed: feature_projections=True"
-        )
-    if family_name == "towers" and cfg["dense_groups"] > cfg["num_dense_features"]:
-        raise ValueError(
-            f"towers: config field 'dense_groups'={cfg['dense_groups']} exceeds num_dense_features="
-            f"{cfg['num_dense_features']}; allowed: 1..num_dense_features"
-        )
     if cfg["features_per_table"] > n:
         raise ValueError(
             f"{family_name}: config field 'features_per_table'={cfg['features_per_table']} exceeds "

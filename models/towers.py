@@ -28,6 +28,30 @@ FIELDS: dict[str, Field] = {
     "over_arch": Field("widths", "over-arch MLP widths (a num_tasks logits layer is appended)", 1),
 }
 
+# This family's own sizes per base scale; models/presets.py adds the sizes every family shares
+# (SCALE_COMMON) and makes medium-hetero from medium.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_sparse_features=4, tower_layers=2, tower_dim=8, dense_groups=2, gated=True,
+                 over_arch=(16,)),
+    "small": dict(num_sparse_features=26, tower_layers=2, tower_dim=16, dense_groups=4, gated=True,
+                  over_arch=(256, 64)),
+    "medium": dict(num_sparse_features=60, tower_layers=2, tower_dim=16, dense_groups=8, gated=True,
+                   over_arch=(512, 128)),
+    "large": dict(num_sparse_features=150, tower_layers=2, tower_dim=16, dense_groups=16, gated=True,
+                  over_arch=(1024, 256)),
+    "xl": dict(num_sparse_features=480, tower_layers=2, tower_dim=16, dense_groups=32, gated=True,
+               over_arch=(1024, 256)),
+}  # fmt: skip
+
+
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Limits between this family's fields (models/presets.py runs it after the field checks)."""
+    if cfg["dense_groups"] > cfg["num_dense_features"]:
+        raise ValueError(
+            f"towers: config field 'dense_groups'={cfg['dense_groups']} exceeds num_dense_features="
+            f"{cfg['num_dense_features']}; allowed: 1..num_dense_features"
+        )
+
 
 class TowersDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:

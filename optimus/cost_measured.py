@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from .atomic import write_atomic
 from .candidate import Cost
 from .cost import AnalyticCostModel, CostModel, DeviceConstants
+from .timing import time_block
 
 SCHEMA = 1
 ENV_DIR = "OPTIMUS_CACHE_DIR"
@@ -103,13 +103,7 @@ def _median_seconds(fn: Callable[[], Any], device: torch.device, iters: int, rou
 
     fn()
     sync()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / iters)
+    samples = [time_block(fn, iters, sync) / iters for _ in range(rounds)]
     return statistics.median(samples)
 
 

@@ -2,7 +2,7 @@
 
 WHY: the project is developed on CPU-only machines; a borrowed GPU (one H200, a few minutes of wall
 time) is rare. This script gets the most out of one run on it: the tower model
-(``tests/optimus/optimus_models.Towers``: split input -> per-tower Linear -> LayerNorm -> tanh) under
+(``models.synthetic_towers.Towers``: split input -> per-tower Linear -> LayerNorm -> tanh) under
 eager, eager+optimus (``optimus.optimize`` with the one-time parameter re-layout), compile (Inductor),
 compile+peer (Inductor's own pre-grad batch fusions and split/cat patterns, every one this torch
 ships) and compile+optimus (Inductor on the re-laid-out GraphModule); inference and a training step;
@@ -59,10 +59,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "optimus"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from optimus_models import Towers
-
 import optimus
 from optimus.layout_relayout import RelayoutParams
+from optimus.timing import time_block
 
 MODES = ("eager", "eager+optimus", "compile", "compile+peer", "compile+optimus")
 PHASES = ("infer", "train")
@@ -403,11 +402,7 @@ def step_fn(p: Prepared, x: torch.Tensor | Inputs, train: bool) -> Step:
 def time_calls(step: Step, iters: int, device: torch.device) -> float:
     """Seconds per call over ``iters`` back-to-back calls (device synchronized before each clock read)."""
     sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync(device)
-    return (time.perf_counter() - start) / iters
+    return time_block(step, iters, lambda: sync(device)) / iters
 
 
 def peak_memory(step: Step, device: torch.device) -> dict[str, int | None]:
@@ -546,6 +541,9 @@ def base_model(cfg: TowerConfig, device: torch.device, train: bool) -> tuple[nn.
     """Towers(n, width, hidden=width) with seed 0, moved to ``device`` BEFORE any optimize (the
     re-layout requires that), and its seeded input."""
     torch.manual_seed(0)
+    # imported here: scripts/gpu_dense_archs.py imports this module before it may stub torchrec
+    from models.synthetic_towers import Towers
+
     model = Towers(cfg.towers, cfg.width, cfg.width).to(device).train(train)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(cfg.batch, cfg.towers * cfg.width, generator=gen).to(device)

@@ -21,6 +21,11 @@ LOG_ENV = "FAKES_BUILD_LOG"  # if set, every build appends "family parent-pid" t
 
 
 class Dense(nn.Module):
+    """A stand-in dense arch, ``dense(dense_features, pooled)`` like ``models.build``'s: bottom
+    Linear, per-feature ReLU towers, top Linear, and a switch that makes it compute something
+    else under torch.compile. Kept local, not the shared models/synthetic_towers.py: the harness
+    tests need that contract and that switch, and run without the models package."""
+
     def __init__(self, num_features: int, dim: int, towers: int, tasks: int, wrong: bool) -> None:
         super().__init__()
         self.towers = nn.ModuleList(

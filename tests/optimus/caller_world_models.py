@@ -22,7 +22,8 @@ CONFIGS = {
 
 class ModeTowers(nn.Module):
     """Sixteen Linear -> BatchNorm1d -> Dropout towers over a split input: dropout and BatchNorm's
-    statistics depend on train/eval mode; the linears are batched by Optimus."""
+    statistics depend on train/eval mode; the linears are batched by Optimus. (Local, not the
+    shared models/synthetic_towers.py: these tests need the mode-dependent BatchNorm/Dropout.)"""
 
     def __init__(self, n: int = 16, width: int = 16) -> None:
         super().__init__()
@@ -38,7 +39,8 @@ class ModeTowers(nn.Module):
 
 
 class ScaledTowers(nn.Module):
-    """Towers whose output depends on a Python scalar and on the batch size (a reshape)."""
+    """Towers whose output depends on a Python scalar and on the batch size (a reshape). (Local,
+    not the shared models/synthetic_towers.py: the test needs the extra scalar argument.)"""
 
     def __init__(self, n: int = 16, width: int = 16) -> None:
         super().__init__()

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from optimus_helpers import assert_parity, count_calls
-from optimus_models import Towers
 from torch import nn
 
 import optimus
+from models.synthetic_towers import Towers
 
 
 @pytest.fixture(scope="module")

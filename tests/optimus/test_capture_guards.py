@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import torch
-from optimus_models import Towers
 from torch.fx.experimental import symbolic_shapes
 
+from models.synthetic_towers import Towers
 from optimus import capture
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from optimus_helpers import LAUNCH_BOUND, assert_parity
-from optimus_models import Towers
 
 import optimus
+from models.synthetic_towers import Towers
 from optimus.backend import LAST_REPORTS, OptimusPreGradPass
 
 pytestmark = pytest.mark.compile

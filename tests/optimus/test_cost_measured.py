@@ -11,6 +11,7 @@ import torch
 from torch import fx, nn
 
 import optimus
+from models.synthetic_towers import Towers
 from optimus.cost import DeviceConstants
 from optimus.cost_measured import (
     ENV_DIR,
@@ -27,13 +28,10 @@ from optimus.meta import record
 CPU = torch.device("cpu")
 
 
-class Linears(nn.Module):
-    def __init__(self, g: int = 8) -> None:
-        super().__init__()
-        self.linears = nn.ModuleList([nn.Linear(4, 4) for _ in range(g)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([lin(x[i]) for i, lin in enumerate(self.linears)], 1)
+def group(g: int = 8) -> Towers:
+    """G Linear(4, 4) over the G slices of a [G, B, 4] input, concatenated: the shared synthetic
+    towers model (models/synthetic_towers.py) in that configuration."""
+    return Towers(g, 4, 4, slices="index", body=("linear",))
 
 
 def test_calibration_is_cached_keyed_and_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +72,7 @@ def test_calibrate_returns_probes() -> None:
 
 def _optimize(cost_model: MeasuredCostModel) -> tuple[fx.GraphModule, torch.Tensor, nn.Module]:
     torch.manual_seed(0)
-    model, x = Linears(), torch.randn(8, 2, 4, requires_grad=True)
+    model, x = group(), torch.randn(8, 2, 4, requires_grad=True)
     gm = fx.symbolic_trace(model)
     record(gm, (x,))
     optimus.optimize_graph_module(gm, optimus.OptimusConfig(rules=("batch_linear",), cost_model=cost_model))

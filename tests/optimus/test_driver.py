@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 import torch
 from optimus_helpers import LAUNCH_BOUND, Fn, assert_parity, optimize_traced
-from optimus_models import SlicedTowers
 from torch import fx
 
 import optimus
+from models.synthetic_towers import Towers
 from optimus.rules import REGISTRY
 from optimus.rules.base import Cost, HorizontalRule
 from optimus.stop_reason import StopKind, StopReason
@@ -19,7 +19,7 @@ from optimus.stop_reason import StopKind, StopReason
 
 def towers_traced(n: int = 8) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     torch.manual_seed(0)
-    return SlicedTowers(n, 8, 8), [torch.randn(4, n * 8)]
+    return Towers(n, 8, 8, slices="narrow"), [torch.randn(4, n * 8)]
 
 
 def test_deterministic() -> None:

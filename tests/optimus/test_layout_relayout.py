@@ -12,20 +12,16 @@ import torch
 from torch import fx, nn
 
 import optimus
+from models.synthetic_towers import Towers
 from optimus.cost import AnalyticCostModel, DeviceConstants
 from optimus.layout_relayout import PREFIX, RelayoutParams
 from optimus.meta import record
 
 
-class Linears(nn.Module):
-    """G independent linears over the G slices of a [G, B, K] input (fx-traceable)."""
-
-    def __init__(self, g: int = 4, k: int = 3, n: int = 5, bias: bool = True) -> None:
-        super().__init__()
-        self.linears = nn.ModuleList([nn.Linear(k, n, bias=bias) for _ in range(g)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.tanh(lin(x[i])) for i, lin in enumerate(self.linears)], 1)
+def group(g: int = 4, k: int = 3, n: int = 5, bias: bool = True) -> Towers:
+    """G independent linears over the G slices of a [G, B, K] input (fx-traceable): the shared
+    synthetic towers model, models/synthetic_towers.py, in that configuration."""
+    return Towers(g, k, n, bias=bias, slices="index", body=("linear", "tanh"))
 
 
 def relayout_config(**kw: object) -> optimus.OptimusConfig:
@@ -47,7 +43,7 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
 @pytest.mark.parametrize("bias", [True, False])
 def test_forward_backward_parity_and_stacked_storage(bias: bool) -> None:
     torch.manual_seed(0)
-    model = Linears(bias=bias)
+    model = group(bias=bias)
     ref = copy.deepcopy(model)
     x = torch.randn(4, 2, 3, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
@@ -74,7 +70,7 @@ def test_forward_backward_parity_and_stacked_storage(bias: bool) -> None:
 
 def test_grads_accumulate_and_zero_like_the_unfused_model() -> None:
     torch.manual_seed(1)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     for step in range(5):
@@ -96,7 +92,7 @@ def test_grads_accumulate_and_zero_like_the_unfused_model() -> None:
 
 def test_state_dict_and_checkpoint_round_trip() -> None:
     torch.manual_seed(2)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     gm = fused(model, x)
     assert stacked_names(gm)
@@ -112,17 +108,17 @@ def test_state_dict_and_checkpoint_round_trip() -> None:
     torch.save(model.state_dict(), buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
-    fresh = Linears()
+    fresh = group()
     fresh.load_state_dict(loaded)
     torch.testing.assert_close(fresh(x), gm(x))
-    other = Linears()
+    other = group()
     model.load_state_dict(other.state_dict())  # writes through the views into the storage
     torch.testing.assert_close(gm(x), other(x))
 
 
 def test_optimizer_steps_match_unfused_built_before_and_after() -> None:
     torch.manual_seed(3)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     sgd_before = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # built BEFORE optimize
     sgd_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -156,7 +152,7 @@ def test_declines_without_ownership_verify_or_repeated_params() -> None:
     x = torch.randn(16, 2, 3)
     # a graph optimize() does not own (backend / pre-grad graphs): RuntimeStack fallback (with 16
     # towers, so that the runtime-stacked form also pays under the analytic cost model)
-    model = Linears(g=16)
+    model = group(g=16)
     gm = fx.symbolic_trace(model)
     record(gm, (x,))  # shapes, as optimize() would
     report = optimus.optimize_graph_module(gm, relayout_config())
@@ -184,7 +180,7 @@ def test_declines_without_ownership_verify_or_repeated_params() -> None:
 
 def test_cost_model_declines_when_launches_are_free() -> None:
     free = DeviceConstants(launch_s=0.0, bytes_per_s=10e9, flops_per_s=50e9)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ptrs = [p.data_ptr() for p in model.parameters()]
     gm = fused(model, x, cost_model=AnalyticCostModel(cpu=free, cuda=free))
     assert "batch_linear" not in gm.optimus_report.rules_fired
@@ -193,7 +189,7 @@ def test_cost_model_declines_when_launches_are_free() -> None:
 
 
 def test_second_optimize_reuses_the_storage_and_conversion_is_detected() -> None:
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     gm = fused(model, x)
     again = fused(model, x)  # same parameters, already re-laid out in this order: reused
     (name,) = [n for n in stacked_names(again) if dict(again.named_parameters())[n].dim() == 3]
@@ -215,7 +211,7 @@ def test_second_optimize_reuses_the_storage_and_conversion_is_detected() -> None
 
 def test_dynamo_sees_a_plain_parameter_training() -> None:
     torch.manual_seed(5)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     torch._dynamo.reset()
@@ -265,10 +261,9 @@ def test_concatenated_layout_for_shared_input_linears() -> None:
 
 
 def test_towers_linear_and_layer_norm_params_relaid_out_train_like_unfused() -> None:
-    from optimus_models import SlicedTowers
 
     torch.manual_seed(7)
-    model, x = SlicedTowers(8, 4, 5), torch.randn(3, 32)
+    model, x = Towers(8, 4, 5, slices="narrow"), torch.randn(3, 32)
     ref = copy.deepcopy(model)
     gm = optimus.optimize(fx.symbolic_trace(model), (x,), config=relayout_config())
     assert {"batch_linear", "batch_layer_norm"} <= set(gm.optimus_report.rules_fired)
@@ -290,7 +285,7 @@ def test_towers_linear_and_layer_norm_params_relaid_out_train_like_unfused() -> 
 @pytest.mark.slow  # one Inductor compile of fwd+bwd: ~30-90 s on the shared 2-core machine
 def test_inductor_compiles_the_relaid_out_graph_training() -> None:
     torch.manual_seed(8)
-    model, x = Linears(g=3, k=2, n=2), torch.randn(3, 2, 2)
+    model, x = group(g=3, k=2, n=2), torch.randn(3, 2, 2)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     assert stacked_names(gm)
@@ -311,7 +306,7 @@ def test_inductor_compiles_the_relaid_out_graph_training() -> None:
 
 
 def small_groups_reuse(reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Members of ``Linears()`` are tiny; a zero limit makes every group a non-reusing one."""
+    """Members of ``group()`` are tiny; a zero limit makes every group a non-reusing one."""
     import optimus.layout_relayout as lr
 
     monkeypatch.setattr(lr, "REUSE_MAX_MEMBER_BYTES", lr.REUSE_MAX_MEMBER_BYTES if reuse else 0)
@@ -323,7 +318,7 @@ def test_accumulate_and_zero_like_unfused_with_and_without_reuse(
 ) -> None:
     small_groups_reuse(reuse, monkeypatch)
     torch.manual_seed(11)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     for step in range(6):
@@ -343,7 +338,7 @@ def test_small_groups_reuse_one_gradient_buffer_across_steps() -> None:
     from optimus.layout_relayout import retained_gradient_buffers
 
     torch.manual_seed(12)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
@@ -368,7 +363,7 @@ def test_small_groups_reuse_one_gradient_buffer_across_steps() -> None:
 @pytest.mark.parametrize("hold", ["view", "derived"])
 def test_a_gradient_the_user_kept_is_never_overwritten(hold: str) -> None:
     torch.manual_seed(13)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     gm = fused(model, x)
     for _ in range(2):  # the second step already reuses the buffer
@@ -400,7 +395,7 @@ def test_groups_that_do_not_reuse_free_their_gradients_with_zero_grad(
 
     small_groups_reuse(False, monkeypatch)
     torch.manual_seed(14)
-    model, x = Linears(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     gm = fused(model, x)
     gm(x).sum().backward()
     base = model.linears[0].weight.grad._base  # type: ignore[union-attr]

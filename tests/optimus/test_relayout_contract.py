@@ -14,18 +14,14 @@ import torch
 from torch import fx, nn
 
 import optimus
+from models.synthetic_towers import Towers
 from optimus.layout_relayout import PREFIX, RelayoutParams
 
 
-class Towers(nn.Module):
-    """G independent linears over the G slices of a [G, B, K] input: one batch_linear group."""
-
-    def __init__(self, g: int = 4, k: int = 3, n: int = 5) -> None:
-        super().__init__()
-        self.towers = nn.ModuleList([nn.Linear(k, n) for _ in range(g)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.tanh(t(x[i])) for i, t in enumerate(self.towers)], 1)
+def group(g: int = 4, k: int = 3, n: int = 5) -> Towers:
+    """G independent linears over the G slices of a [G, B, K] input: one batch_linear group (the
+    shared synthetic towers model, models/synthetic_towers.py, in that configuration)."""
+    return Towers(g, k, n, slices="index", body=("linear", "tanh"))
 
 
 def config() -> optimus.OptimusConfig:
@@ -43,7 +39,7 @@ def optimized(model: nn.Module, x: torch.Tensor, capture: str = "export") -> nn.
 
 def setup(seed: int = 0, capture: str = "export") -> tuple[Towers, Towers, nn.Module, torch.Tensor]:
     torch.manual_seed(seed)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     return model, ref, optimized(model, x, capture), x
 
@@ -87,12 +83,12 @@ def test_freezing_a_tower_after_optimize_stops_its_training(opt_cls: type[torch.
     opt, opt_ref = opt_cls(model.parameters(), **kw), opt_cls(ref.parameters(), **kw)
     train([(gm, opt), (ref, opt_ref)], x, 1)
     for m in (model, ref):
-        m.towers[1].weight.requires_grad_(False)
-        m.towers[1].weight.grad = None
-    frozen = model.towers[1].weight.detach().clone()
+        m.linears[1].weight.requires_grad_(False)
+        m.linears[1].weight.grad = None
+    frozen = model.linears[1].weight.detach().clone()
     train([(gm, opt), (ref, opt_ref)], x, 3)
-    assert model.towers[1].weight.grad is None
-    torch.testing.assert_close(model.towers[1].weight.detach(), frozen)  # not updated
+    assert model.linears[1].weight.grad is None
+    torch.testing.assert_close(model.linears[1].weight.detach(), frozen)  # not updated
     assert_same_params(model, ref)
     torch.testing.assert_close(gm(x), ref(x))
 
@@ -102,7 +98,7 @@ def test_a_frozen_tower_keeps_the_grad_it_had() -> None:
     for forward in (gm, ref):
         loss(forward(x)).backward()
     for m in (model, ref):
-        m.towers[0].weight.requires_grad_(False)  # frozen without zero_grad: its .grad stays as is
+        m.linears[0].weight.requires_grad_(False)  # frozen without zero_grad: its .grad stays as is
     for forward in (gm, ref):
         loss(forward(x)).backward()  # accumulates into the others only
     assert_same_params(model, ref)
@@ -110,19 +106,19 @@ def test_a_frozen_tower_keeps_the_grad_it_had() -> None:
 
 def test_unfreezing_after_optimize_trains_again_and_all_frozen_needs_no_grad() -> None:
     torch.manual_seed(3)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     for p in model.parameters():
         p.requires_grad_(False)  # a frozen model, optimized, then fine-tuned
     ref = copy.deepcopy(model)
     gm = optimized(model, x)
     assert gm(x).requires_grad is ref(x).requires_grad is False  # nothing to differentiate
     for m in (model, ref):
-        m.towers[2].weight.requires_grad_(True)
-        m.towers[2].bias.requires_grad_(True)
+        m.linears[2].weight.requires_grad_(True)
+        m.linears[2].bias.requires_grad_(True)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     opt_ref = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1)
     train([(gm, opt), (ref, opt_ref)], x, 2)
-    assert model.towers[2].weight.grad is not None
+    assert model.linears[2].weight.grad is not None
     assert_same_params(model, ref)
     for m in (model, ref):
         for p in m.parameters():
@@ -132,7 +128,7 @@ def test_unfreezing_after_optimize_trains_again_and_all_frozen_needs_no_grad() -
 
 def test_unfreezing_through_the_optimized_module_trains_a_group_frozen_at_optimize() -> None:
     torch.manual_seed(31)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     model.requires_grad_(False)
     ref = copy.deepcopy(model)
     gm = optimized(model, x)
@@ -150,9 +146,9 @@ def test_tensor_hooks_on_original_parameters_fire_with_the_unfused_gradients() -
     model, ref, gm, x = setup(4)
     seen: dict[str, list[torch.Tensor]] = {"fused": [], "ref": []}
     for key, m in (("fused", model), ("ref", ref)):
-        m.towers[1].weight.register_hook(lambda g, key=key: seen[key].append(g.clone()))  # type: ignore[misc]
-        m.towers[2].weight.register_hook(lambda g: g * 3)  # a returned tensor replaces the gradient
-        m.towers[2].bias.register_hook(lambda g: g.mul_(2))  # so does an in-place change
+        m.linears[1].weight.register_hook(lambda g, key=key: seen[key].append(g.clone()))  # type: ignore[misc]
+        m.linears[2].weight.register_hook(lambda g: g * 3)  # a returned tensor replaces the gradient
+        m.linears[2].bias.register_hook(lambda g: g.mul_(2))  # so does an in-place change
     for forward in (gm, ref):
         loss(forward(x)).backward()
     assert len(seen["fused"]) == len(seen["ref"]) == 1
@@ -163,12 +159,12 @@ def test_tensor_hooks_on_original_parameters_fire_with_the_unfused_gradients() -
 
 def test_hooks_registered_before_optimize_fire() -> None:
     torch.manual_seed(41)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     fired: dict[str, int] = {"fused": 0, "ref": 0}
     for key, m in (("fused", model), ("ref", ref)):
-        m.towers[0].bias.register_hook(lambda g: g * 2)
-        m.towers[1].bias.register_post_accumulate_grad_hook(
+        m.linears[0].bias.register_hook(lambda g: g * 2)
+        m.linears[1].bias.register_post_accumulate_grad_hook(
             lambda p, key=key: fired.__setitem__(key, fired[key] + 1)
         )
     gm = optimized(model, x)
@@ -242,7 +238,7 @@ def test_deepcopy_of_the_original_model_is_independent() -> None:
 def test_load_state_dict_assign_is_seen_by_the_forward_and_trains(capture: str) -> None:
     _, _, gm, x = setup(8, capture)
     torch.manual_seed(80)
-    other = Towers()
+    other = group()
     state = {k: v.clone() for k, v in other.state_dict().items()}
     gm_state = dict(zip(gm.state_dict(), state.values(), strict=True))  # the GraphModule's keys
     gm.load_state_dict(gm_state, assign=True)
@@ -257,7 +253,7 @@ def test_load_state_dict_assign_is_seen_by_the_forward_and_trains(capture: str) 
 @pytest.mark.parametrize("which", ["optimized", "original"])
 def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> None:
     torch.manual_seed(9)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     # SGD with momentum built BEFORE optimize, Adam after the conversion
     sgd, sgd_ref = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
@@ -270,7 +266,7 @@ def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> No
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, ref(x64))
     torch.manual_seed(90)
-    state = Towers().double().state_dict()
+    state = group().double().state_dict()
     model.load_state_dict(state)  # in place, after the conversion
     ref.load_state_dict(state)
     torch.testing.assert_close(gm(x64), ref(x64))
@@ -288,8 +284,8 @@ def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> No
 
 def test_converting_part_of_a_group_is_a_clear_error_at_the_next_call() -> None:
     model, _, gm, x = setup(10)
-    model.towers[1].double()
-    with pytest.raises(RuntimeError, match=r"fused parameter .*towers.1.weight is torch.float64"):
+    model.linears[1].double()
+    with pytest.raises(RuntimeError, match=r"fused parameter .*linears.1.weight is torch.float64"):
         gm(x)
 
 
@@ -298,7 +294,7 @@ def test_converting_part_of_a_group_is_a_clear_error_at_the_next_call() -> None:
 
 def test_optimize_inside_inference_mode_leaves_a_trainable_model() -> None:
     torch.manual_seed(11)
-    model, x = Towers(), torch.randn(4, 2, 3)
+    model, x = group(), torch.randn(4, 2, 3)
     ref = copy.deepcopy(model)
     with torch.inference_mode():
         gm = optimized(model, x)
@@ -324,11 +320,11 @@ def test_compiled_optimized_module_honours_freezing_and_hooks(backend: str) -> N
     compiled = torch.compile(gm, backend=backend, fullgraph=True)
     seen: dict[str, list[torch.Tensor]] = {"fused": [], "ref": []}
     for key, m in (("fused", model), ("ref", ref)):
-        m.towers[0].weight.requires_grad_(False)
-        m.towers[3].weight.register_hook(lambda g, key=key: seen[key].append(g.clone()))  # type: ignore[misc]
+        m.linears[0].weight.requires_grad_(False)
+        m.linears[3].weight.register_hook(lambda g, key=key: seen[key].append(g.clone()))  # type: ignore[misc]
     opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
     train([(compiled, opt), (ref, opt_ref)], x, 2)
-    assert model.towers[0].weight.grad is None
+    assert model.linears[0].weight.grad is None
     assert len(seen["fused"]) == len(seen["ref"]) == 2
     torch.testing.assert_close(seen["fused"][1], seen["ref"][1])
     assert_same_params(model, ref)
@@ -339,7 +335,7 @@ def test_compiled_optimized_module_honours_freezing_and_hooks(backend: str) -> N
     from optimus.relayout_contract import sync
 
     torch.manual_seed(120)
-    other = Towers()
+    other = group()
     gm.load_state_dict(dict(zip(gm.state_dict(), other.state_dict().values(), strict=True)), assign=True)
     with pytest.raises(RuntimeError, match="was replaced"):
         loss(compiled(x)).backward()
@@ -365,7 +361,7 @@ def test_optimus_backend_with_relayout_config_honours_freezing_and_hooks() -> No
     """Under the optimus backend the re-layout declines (parameters are graph inputs there); the
     contract holds through the per-call stacking layout."""
     torch.manual_seed(13)
-    model, x = Towers(g=16), torch.randn(16, 2, 3)
+    model, x = group(g=16), torch.randn(16, 2, 3)
     ref = copy.deepcopy(model)
     torch._dynamo.reset()
     from torch._dynamo.backends.registry import lookup_backend
@@ -374,8 +370,8 @@ def test_optimus_backend_with_relayout_config_honours_freezing_and_hooks() -> No
     compiled = torch.compile(model, backend=optimus.backend(config(), inner=inner))
     fired: list[int] = []
     for m in (model, ref):
-        m.towers[0].weight.requires_grad_(False)
-    model.towers[5].weight.register_hook(lambda g: fired.append(1))
+        m.linears[0].weight.requires_grad_(False)
+    model.linears[5].weight.register_hook(lambda g: fired.append(1))
     opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
     from optimus.backend import LAST_REPORTS
 
@@ -383,7 +379,7 @@ def test_optimus_backend_with_relayout_config_honours_freezing_and_hooks() -> No
     train([(compiled, opt), (ref, opt_ref)], x, 2)
     assert any(r.rules_fired.get("batch_linear") for r in LAST_REPORTS)
     assert fired == [1, 1]
-    assert model.towers[0].weight.grad is None
+    assert model.linears[0].weight.grad is None
     assert_same_params(model, ref)
 
 
@@ -430,7 +426,7 @@ def test_random_sequences_of_parameter_operations_match_the_unfused_model(seed: 
                 torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)))
         elif op in ("freeze", "unfreeze"):
             for m in (model, ref):
-                getattr(m.towers[i], which).requires_grad_(op == "unfreeze")
+                getattr(m.linears[i], which).requires_grad_(op == "unfreeze")
         elif op == "to":
             dtype = torch.float64 if dtype == torch.float32 else torch.float32
             (gm if rng.random() < 0.5 else model).to(dtype)
@@ -447,7 +443,7 @@ def test_random_sequences_of_parameter_operations_match_the_unfused_model(seed: 
                 opt.zero_grad(set_to_none=op == "zero_none")
         elif op == "hook":
             for m in (model, ref):
-                p = getattr(m.towers[i], which)
+                p = getattr(m.linears[i], which)
                 if p.requires_grad:
                     p.register_hook(lambda g: g * 0.5)
         elif op == "adam":
