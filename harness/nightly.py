@@ -18,7 +18,7 @@ One night, in order:
    are compared with the base commit's (``harness.asv_results``, asv compare's rules). A flagged asv figure is re-measured (its harness cells, or the
    asv benchmark itself) and re-compared before it counts. Figures the harness comparison
    already judges are ``report_only``.
-5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 2 when
+5. A markdown summary; a history entry; exit status 1 on a confirmed regression, 5 (``TOOL_FAILED``) when
    the asv part or the publish failed (the night is recorded with status ``error``).
 
 A night that regressed is recorded with status ``regression`` and is never a base, so a

@@ -1,7 +1,7 @@
 """What `models.build` returns: the model, its pre-generated batches and its metadata.
 
 Why dataclasses: the harness, asv and tests all read the same few fields; keeping them typed and
-in one place is the contract (see DESIGN.md, Public API).
+in one place is the contract (docs/architecture.md, "Models").
 """
 
 from __future__ import annotations

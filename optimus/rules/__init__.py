@@ -1,4 +1,5 @@
-"""The rule registry: one table, name -> rule class. Adding a rule = one file + one line here.
+"""The rule registry: one table, name -> rule class. Adding a rule = one file + two lines here
+(its import and its entry below; docs/optimus.md, "Adding a rule").
 
 Order matters only for tie-breaking: when the cost model rates two candidates equal, the rule
 listed first wins (the driver is deterministic). Cleanup rules run at the start of every round.

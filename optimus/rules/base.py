@@ -14,7 +14,11 @@ Writing a horizontal rule (independent same-signature nodes -> one batched op) t
 ``key(node, ctx)`` says which nodes may be batched together (None: not this node), and
 ``fuse(nodes, b)`` builds the batched form and returns one replacement per member. The engine
 groups nodes by key, keeps only groups that can be placed without a cycle (see graph_index),
-splits them by the cost model's min/max group size, and does the bookkeeping. Example, complete::
+splits them by the cost model's min/max group size, and does the bookkeeping. Example, complete
+(the same file is in docs/optimus.md, "Adding a rule", and tests/foundation/test_howto_rule.py
+adds it to a scratch copy of the repository and runs it)::
+
+    import torch
 
     from optimus.rules.base import Cost, HorizontalRule
 
@@ -37,7 +41,8 @@ splits them by the cost model's min/max group size, and does the bookkeeping. Ex
             nbytes = 2 * sum(ctx.meta(n).nbytes for n in nodes)
             return Cost(launches=len(nodes), bytes=nbytes), Cost(launches=2, bytes=2 * nbytes)
 
-then add one line ``"batch_exp": BatchExp`` to ``optimus/rules/__init__.py``.
+then add two lines to ``optimus/rules/__init__.py``: ``from .batch_exp import BatchExp`` and the
+entry ``"batch_exp": BatchExp,`` in ``REGISTRY``.
 
 A cleanup rule (dead code, CSE) is a whole-graph pass run each round, ``run(ctx) -> changes``.
 """
