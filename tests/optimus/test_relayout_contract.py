@@ -355,7 +355,7 @@ def test_loads_and_conversions_after_compiling_reach_the_compiled_forward() -> N
     gm.double().float()  # every member's .data replaced: views of the stacked storage cut
     ref.double().float()
     torch.manual_seed(121)
-    state = Towers().state_dict()
+    state = group().state_dict()
     gm.load_state_dict(dict(zip(gm.state_dict(), state.values(), strict=True)))  # in place
     ref.load_state_dict(state)
     with torch.no_grad():
