@@ -157,10 +157,16 @@ def legalize(m: Member) -> Member:
 
 
 def writes_leaf(m: Member) -> bool:
-    """The member writes in place through a view of ``x`` or of a parameter (under ``no_grad``).
-    That view itself is not returned: autograd refuses any use of a view made under ``no_grad``
-    whose base was then written, so users write through it and drop it (an optimizer step)."""
+    """The member writes in place through a view of ``x`` or of a parameter (under ``no_grad``)."""
     return m.kind == "view_out" and m.consumer in INPLACE and (m.src == "x" or m.variant == "w_t")
+
+
+def writes_under_no_grad(m: Member) -> bool:
+    """The member writes in place, under ``no_grad``, through a view of a value that requires grad
+    (``x``, ``h``, a parameter). That view itself is not returned: autograd refuses any use of a
+    view made under ``no_grad`` whose base was then written, so users write through it and drop it
+    (an optimizer step). ``z`` does not require grad, so its written view may be returned."""
+    return mutates_source(m) and m.region == "no_grad" and (m.src != "z" or m.variant == "w_t")
 
 
 def mutates_source(m: Member) -> bool:
@@ -313,7 +319,7 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
         o = ""
     elif m.kind == "view_out":
         lines += [f"{o} = {_view_code(m.variant, s, i, spec)}"]
-        if writes_leaf(m):  # the write is the effect; autograd forbids reading this view with grad on
+        if writes_under_no_grad(m):  # the write is the effect; autograd forbids reading the view
             return [*lines, *_consume(m.consumer, o, spec)], []
     elif m.kind == "alias_inplace":
         lines += [

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     by_check: Counter[tuple[str, str]] = Counter()
     shrunk: Counter[str] = Counter()
     classes: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # -> [where seen..., source]
-    failures = invalid = 0
+    failures = 0
+    invalid: list[str] = []  # "seed/path: eager's error", printed so the generator bug can be found
     start = time.perf_counter()
     for k in range(args.start, args.start + args.examples):
         spec, dtype = random_spec(k), dtype_of(k, args.dtype)
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             fired.update(result.fired)
             checks = sorted({m.check for m in result.mismatches})
             if "eager_raises" in checks:
-                invalid += 1
+                why = next(m for m in result.mismatches if m.check == "eager_raises")
+                invalid.append(f"{k}/{path}: {why}")
                 break
             for name in checks:
                 bad = True
@@ -99,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n--- {name} | blame: {who} | constructs: {feats} | seen: {' '.join(entries[1:6])}")
         print(entries[0])
     if invalid:
-        print(f"\n{invalid} invalid programs (eager raised): a generator bug")
+        print(f"\n{len(invalid)} invalid programs (eager raised): a generator bug")
+        for line in invalid[: args.show]:
+            print(f"  {line}")
     print(f"\nfuzz: {n} examples, {failures} failures")
     return 1 if failures or invalid else 0
 
