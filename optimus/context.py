@@ -79,6 +79,11 @@ class RewriteContext:
             self._canon[node] = canonicalize(node, self.modules)
         return self._canon[node]
 
+    def forget_canon(self, nodes: Iterable[fx.Node]) -> None:
+        """Drop the cached canonical forms of ``nodes`` (their inputs were rewired)."""
+        for node in nodes:
+            self._canon.pop(node, None)
+
     def must_canon(self, node: Any) -> Canon:
         """The canonical form of a node a rule's ``key`` accepted (so it has one)."""
         canon = self.canon(node)

@@ -139,6 +139,12 @@ def _resolve(node: fx.Node) -> tuple[str, tuple[Any, ...], bool] | None:
     return None
 
 
+def aten_name(node: fx.Node) -> str | None:
+    """The ATen op name a call maps to (``"batch_norm"`` for ``F.batch_norm``), or None."""
+    resolved = _resolve(node)
+    return None if resolved is None or resolved[0] == "<random>" else resolved[0]
+
+
 def _bind_python(node: fx.Node) -> dict[str, Any] | None:
     """Arguments of a python-level torch function by parameter name (defaults filled)."""
     try:
@@ -306,10 +312,15 @@ def _op_facts(node: fx.Node) -> OpFacts | None:
             args = tuple(node.args)
             kwargs = dict(node.kwargs)
             bound = _bind_schema(op._schema, args, kwargs)
+            if bound is None and node.op == "call_method" and len(args) > 1:
+                # x.new_zeros(4, 8) / x.view(2, 3): the method packs trailing ints into one list
+                bound = _bind_schema(op._schema, (args[0], args[1:]), kwargs)
         if bound is not None:
             found.append(_facts_of_overload(op, name, bound))
     if not found:  # nothing fits exactly: every overload, unbound, writing any input (conservative)
         for op in overloads:
+            if "out" not in node.kwargs and any(a.name == "out" for a in op._schema.arguments):
+                continue  # a call without ``out=`` is never an out overload
             facts = _facts_of_overload(op, name, {})
             writes_any = tuple(node.all_input_nodes) if _maybe_mutable(op) else ()
             found.append(OpFacts(facts.random, writes_any, facts.may_alias))

@@ -14,6 +14,7 @@ from .batch_pointwise import BatchBinary, BatchUnary
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
 from .flatten_cats import FlattenCats
+from .functionalize_inplace import FunctionalizeInplace
 from .group_linear import GroupLinear
 from .merge_shared_linear import MergeSharedLinear
 from .merge_splits import MergeSplits
@@ -25,7 +26,9 @@ from .stack_unbind import StackUnbind
 from .unbind_cat import UnbindCat
 
 REGISTRY: dict[str, type] = {
-    # cleanup (run at the start of every round)
+    # cleanup (run at the start of every round; functionalize_inplace first: it unpins what dce/cse
+    # and every later rule may then touch)
+    "functionalize_inplace": FunctionalizeInplace,
     "dce": DeadCode,
     "cse": CommonSubexpression,
     # shared-input merge (listed before batch_linear: it wins ties on the same linears)

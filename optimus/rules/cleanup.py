@@ -96,7 +96,7 @@ class CommonSubexpression(CleanupRule):
                 )
                 continue
             for user in node.users:
-                ctx._canon.pop(user, None)  # its canonical form named the merged node
+                ctx.forget_canon([user])  # its canonical form named the merged node
             node.replace_all_uses_with(first)
             ctx.graph.erase_node(node)
             merged += 1

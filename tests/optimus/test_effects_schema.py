@@ -62,6 +62,14 @@ def _node(fn: Callable[[fx.Graph, fx.Node, fx.Node], fx.Node]) -> fx.Node:
         (lambda g, x, s: g.call_function(F.embedding, (x, s), {"max_norm": 1.0}), False, True, False),
         (lambda g, x, s: g.call_method("contiguous", (x,)), False, False, True),
         (lambda g, x, s: g.call_method("type_as", (x, s)), False, False, True),
+        # factory methods with trailing sizes bind to the schema: new memory, nothing written
+        (lambda g, x, s: g.call_method("new_zeros", (x, 4, 8)), False, False, False),
+        (lambda g, x, s: g.call_method("new_ones", (x, 4, 8)), False, False, False),
+        (lambda g, x, s: g.call_method("new_empty", (x, 4, 8)), False, False, False),
+        (lambda g, x, s: g.call_method("new_full", (x, (4, 8), 1.0)), False, False, False),
+        (lambda g, x, s: g.call_function(torch.zeros_like, (x,)), False, False, False),
+        (lambda g, x, s: g.call_method("view", (x, 4, 8)), False, False, True),  # still a view
+        (lambda g, x, s: g.call_method("expand", (x, 4, 8)), False, False, True),
     ],
 )
 def test_facts_come_from_the_schema(build, random: bool, writes_stat: bool, alias: bool) -> None:  # type: ignore[no-untyped-def]
