@@ -8,6 +8,7 @@ listed first wins (the driver is deterministic). Cleanup rules run at the start 
 from __future__ import annotations
 
 from .base import Candidate, CleanupRule, Cost, HorizontalRule, Rule
+from .batch_embedding import BatchEmbedding
 from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
@@ -37,6 +38,7 @@ REGISTRY: dict[str, type] = {
     "batch_linear": BatchLinear,
     "group_linear": GroupLinear,  # different-shape linears: one grouped launch (Triton on CUDA)
     "batch_layer_norm": BatchLayerNorm,
+    "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
     # split/cat family (normalize_split_cat is a cleanup: it runs at the start of every round)
