@@ -170,6 +170,9 @@ class RelayoutParams:
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
         node = self._get(params, b, _Kind("stack", transpose))
+        base = _transposed_params(params)
+        if node is None and base is not None:  # stack of W_i.t() = W_i laid out the other way
+            node = self._get(base, b, _Kind("stack", not transpose))
         return node if node is not None else self.fallback.stacked(params, b, transpose)
 
     def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
@@ -184,6 +187,9 @@ class RelayoutParams:
     def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
         if self._members(params, _Kind("stack", transpose)) is not None:
             return 0.0  # a get_attr: nothing runs
+        base = _transposed_params(params)
+        if base is not None and self._members(base, _Kind("stack", not transpose)) is not None:
+            return 0.0
         return self.fallback.launches(params, transpose)
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
@@ -191,7 +197,20 @@ class RelayoutParams:
         # launches, which batch_linear always asks with transpose=True)
         if self._members(params, _Kind("stack")) is not None:
             return 0.0
+        base = _transposed_params(params)
+        if base is not None and self._members(base, _Kind("stack")) is not None:
+            return 0.0
         return self.fallback.bytes_moved(params, ctx)
+
+
+def _transposed_params(params: Sequence[fx.Node]) -> list[fx.Node] | None:
+    """The parameters behind ``[W_1.t(), ...]`` (as ``matmul_as_linear`` writes weights), else None."""
+    base = []
+    for p in params:
+        if p.op != "call_method" or p.target != "t" or len(p.args) != 1 or not isinstance(p.args[0], fx.Node):
+            return None
+        base.append(p.args[0])
+    return base
 
 
 def retained_gradient_buffers(module: nn.Module) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ from .cleanup import CommonSubexpression, DeadCode
 from .flatten_cats import FlattenCats
 from .functionalize_inplace import FunctionalizeInplace
 from .group_linear import GroupLinear
+from .matmul_as_linear import MatmulAsLinear
 from .merge_shared_linear import MergeSharedLinear
 from .merge_splits import MergeSplits
 from .noop_split_cat import NoopSplitCat
@@ -30,6 +31,7 @@ REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round; functionalize_inplace first: it unpins what dce/cse
     # and every later rule may then touch)
     "functionalize_inplace": FunctionalizeInplace,
+    "matmul_as_linear": MatmulAsLinear,  # x @ W with W a parameter: a linear the rules below see
     "dce": DeadCode,
     "cse": CommonSubexpression,
     # shared-input merge (listed before batch_linear: it wins ties on the same linears)
