@@ -12,6 +12,7 @@ from .batch_embedding import BatchEmbedding
 from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
+from .batch_size1_linear import BatchSize1Linear
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
 from .flatten_cats import FlattenCats
@@ -38,6 +39,7 @@ REGISTRY: dict[str, type] = {
     "merge_shared_linear": MergeSharedLinear,
     # horizontal batch fusion
     "batch_linear": BatchLinear,
+    "batch_size1_linear": BatchSize1Linear,  # Linear(1, N) per feature: one broadcast multiply-add
     "group_linear": GroupLinear,  # different-shape linears: one grouped launch (Triton on CUDA)
     "batch_layer_norm": BatchLayerNorm,
     "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end

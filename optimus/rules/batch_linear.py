@@ -60,6 +60,8 @@ class BatchLinear(HorizontalRule):
         x, w, bias = ctx.meta(canon["input"]), ctx.meta(canon["weight"]), canon["bias"]
         if x is None or w is None or len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[1]:
             return None
+        if w.shape[1] == 1:
+            return None  # K = 1: an outer product, batched by batch_size1_linear
         if bias is not None and ctx.meta(bias) is None:
             return None
         return ("linear", x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
