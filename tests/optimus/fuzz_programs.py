@@ -49,8 +49,16 @@ KINDS = (
     "random_unused",  # r(s) whose result nobody reads: still advances the RNG
     "view_out",  # returns a view of s (or s itself)
     "alias_inplace",  # writes in place through an alias of a fresh b, then reads b
+    "embedding",  # F.embedding of indices made from s, one table per member (batch_embedding)
+    "matmul_param",  # s @ W with W a parameter, as @, torch.matmul or tensordot (matmul_as_linear)
+    "size1",  # nn.Linear(1, hidden) of one column of s (batch_size1_linear)
 )
-FUSABLE = ("tower", "tower", "gated", "linear", "split_pw")
+FUSABLE = ("tower", "tower", "gated", "linear", "split_pw", "embedding", "matmul_param", "size1")
+MATMUL_FORMS = {
+    "op": "{s} @ self.m{i}",
+    "matmul": "torch.matmul({s}, self.m{i})",
+    "tensordot": "torch.tensordot({s}, self.m{i}, dims=([-1], [0]))",
+}
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
 SOURCES = ("x", "z", "h")
 CONSUMERS = ("", "view", "as_strided", "t_view", "add_", "relu_", "iadd")
@@ -125,8 +133,10 @@ def _member(c: Choices, kind: str, src: str) -> Member:
         variant = c.choice(ALIASES)
     elif kind in ("split_cat", "stack_unbind"):
         variant = c.choice(SPLIT_SOURCES)
-    elif kind == "linear":
+    elif kind in ("linear", "size1"):
         variant = c.choice(("bias", "nobias"))
+    elif kind == "matmul_param":
+        variant = c.choice(tuple(MATMUL_FORMS))
     else:
         variant = ""
     return legalize(Member(kind, src, region, consumer, variant, keep))
@@ -184,7 +194,9 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         # half the groups are parallel towers / linears / split pieces: what the horizontal rules fuse
         kind = c.choice(FUSABLE) if c.integer(0, 1) else c.choice(KINDS)
         src = c.choice(SOURCES)
-        for _ in range(c.integer(2, 8) if kind in FUSABLE else c.integer(1, 3)):
+        # per-feature lookups pay from about ten tables (the index check costs four ops)
+        many = c.integer(9, 12) if kind == "embedding" else c.integer(2, 8)
+        for _ in range(many if kind in FUSABLE else c.integer(1, 3)):
             members.append(_member(c, kind, src if c.integer(0, 3) else c.choice(SOURCES)))
     if len(members) > 1 and c.integer(0, 2) == 0:  # interleave the groups
         order = [c.integer(0, 1000) for _ in members]
@@ -317,6 +329,14 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     elif m.kind == "random_unused":
         lines += [_RANDOM_CODE[m.variant].format(s=s, i=i)]
         o = ""
+    elif m.kind == "embedding":
+        rows = 5 + i
+        lines += [f"{o} = F.embedding(({s}[:, 0].detach().abs() * 3).long() % {rows}, self.e{i})"]
+    elif m.kind == "matmul_param":
+        lines += [f"{o} = {MATMUL_FORMS[m.variant].format(s=s, i=i)}"]
+    elif m.kind == "size1":
+        col = i % spec.width
+        lines += [f"{o} = self.lin{i}({s}[:, {col}:{col + 1}])"]
     elif m.kind == "view_out":
         lines += [f"{o} = {_view_code(m.variant, s, i, spec)}"]
         if writes_under_no_grad(m):  # the write is the effect; autograd forbids reading the view
@@ -387,6 +407,12 @@ def init_source(spec: Spec) -> str:
             lines += [f"self.lin{i} = nn.Linear({d}, {hdim})", f"self.gate{i} = nn.Linear({d}, {hdim})"]
         elif m.kind == "linear":
             lines += [f"self.lin{i} = nn.Linear({d}, {hdim}, bias={m.variant == 'bias'})"]
+        elif m.kind == "embedding":
+            lines += [f"self.e{i} = nn.Parameter(torch.randn({5 + i}, {hdim}))"]
+        elif m.kind == "matmul_param":
+            lines += [f"self.m{i} = nn.Parameter(torch.randn({d}, {hdim}) * 0.3)"]
+        elif m.kind == "size1":
+            lines += [f"self.lin{i} = nn.Linear(1, {hdim}, bias={m.variant == 'bias'})"]
         elif m.kind in ("bn_twice", "bn_unused"):
             lines += [f"self.bn{i} = nn.BatchNorm1d({d})"]
         elif m.kind in ("random_dup", "random_unused") and m.variant == "dropout_module":
