@@ -1,5 +1,6 @@
 """matmul_as_linear: ``x @ W``, ``torch.matmul(x, W)``, ``x.matmul(W)`` and
 ``torch.tensordot(x, W, dims=1)`` (or ``dims=([-1], [0])``) with ``W`` a 2-D parameter or buffer
+(a ``get_attr``, or a graph input under ``torch.compile``, where parameters are inputs)
 -> ``F.linear(x, W.t())``.
 
 WHY: model zoos write projections as matmuls with a parameter (AutoInt's and FiBiNET's attention
@@ -66,7 +67,12 @@ class MatmulAsLinear(CleanupRule):
             if found is None or not ctx.movable(node):
                 continue
             x, w = found
-            if not isinstance(x, fx.Node) or not isinstance(w, fx.Node) or w.op != "get_attr":
+            # W a parameter or buffer: a get_attr here, a graph input under torch.compile
+            if (
+                not isinstance(x, fx.Node)
+                or not isinstance(w, fx.Node)
+                or w.op not in ("get_attr", "placeholder")
+            ):
                 continue
             x_meta, w_meta, out_meta = tensor_meta(x), tensor_meta(w), tensor_meta(node)
             if (

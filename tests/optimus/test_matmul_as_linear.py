@@ -115,3 +115,17 @@ def test_cost_model_declines_merging_what_it_exposed() -> None:
     assert "merge_shared_linear" not in report.rules_fired
     assert report.declined.get("merge_shared_linear", 0) >= 1, report.declined
     assert sum(n.target is F.linear for n in gm.graph.nodes) == 4
+
+
+def test_under_torch_compile_parameters_are_graph_inputs_and_still_rewritten() -> None:
+    torch.manual_seed(0)
+    model = Projections("tensordot-last")
+    ref = copy.deepcopy(model)
+    x = torch.randn(5, 3, 8)
+    backend = optimus.backend(OptimusConfig(cost_model=LAUNCH_BOUND), inner=lambda gm, _: gm.forward)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    torch.testing.assert_close(_step(compiled, x), _step(ref, x), rtol=1e-6, atol=1e-6)
+    fired = [r.rules_fired for r in backend.reports]
+    assert any(f.get("matmul_as_linear") == 4 and f.get("merge_shared_linear") for f in fired), fired
+    for p, q in zip(ref.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
