@@ -21,6 +21,8 @@ Hand-written cases, each because the schema cannot say it:
   ``train`` is false or ``p == 0``; the schema declares a fresh, random result;
 * ``MAY_RETURN_INPUT``: composite ops that return their input unchanged in some cases but whose
   schema has no alias annotation (``type_as``, ``atleast_1d``, ``sum_to_size``, ``einsum`` ...);
+* ``CONVERSIONS``: ``x.long()``, ``x.float()``, ``x.to(dtype)`` ... copy when the dtype (or device)
+  changes and may return ``x`` itself when it does not; read from the captured dtypes;
 * ``PYTHON_WRAPPERS`` / ``PYTHON_RANDOM``: ``torch.nn.functional`` functions with no ATen op of
   the same name (``dropout1d/2d/3d``, ``gumbel_softmax``); a python wrapper called with
   ``inplace=True`` writes its first tensor argument; ``F.embedding`` with ``max_norm`` writes
@@ -265,10 +267,34 @@ def _shape(value: Any, nodes: list[fx.Node]) -> Any:
     raise TypeError("not a plain constant")
 
 
+# dtype conversions as methods: ``x.long()`` has no ATen op of its name; ``x.to(dtype)`` may return x
+CONVERSIONS = frozenset(
+    {"to", "type", "long", "int", "short", "char", "byte", "bool", "float", "double", "half", "bfloat16"}
+)
+
+
+def _conversion_facts(node: fx.Node) -> OpFacts | None:
+    """A dtype conversion whose captured result has another dtype than its input is a new tensor
+    (it cannot alias: the bytes differ); one that keeps the dtype may return its input itself."""
+    if node.op != "call_method" or node.target not in CONVERSIONS or not node.args:
+        return None
+    from .meta import tensor_meta  # meta imports nothing of ours; kept local to stay a leaf module
+
+    src = node.args[0]
+    before = tensor_meta(src) if isinstance(src, fx.Node) else None
+    after = tensor_meta(node)
+    if before is None or after is None:
+        return None
+    return OpFacts(False, (), before.dtype == after.dtype and before.device == after.device)
+
+
 def op_facts(node: fx.Node) -> OpFacts | None:
     """The schema's facts about ``node``'s call, or None when it maps to no ATen op. Cached per
     call pattern (target, constants, where the nodes are): the driver asks for every node each
-    round."""
+    round. Dtype conversions are decided from the captured dtypes, so they are not cached."""
+    converted = _conversion_facts(node)
+    if converted is not None:
+        return converted
     nodes: list[fx.Node] = []
     try:
         key = (node.op, node.target, _shape(node.args, nodes), _shape(node.kwargs, nodes))

@@ -237,3 +237,34 @@ def test_pre_grad_pass_keeps_batch_norm_updates() -> None:
         torch.testing.assert_close(torch.compile(module)(x), eager(x), rtol=1e-4, atol=1e-5)
     for (name, a), (_, b) in zip(module.named_buffers(), eager.named_buffers(), strict=True):
         torch.testing.assert_close(a, b, msg=f"buffer {name} diverged from eager")
+
+
+def test_dtype_conversions_alias_only_when_the_dtype_is_kept() -> None:
+    """``x.long()`` of a float is a new tensor; ``i.long()`` of an int64 is ``i`` itself."""
+    from optimus import capture
+    from optimus.meta import tensor_meta
+
+    class Converts(nn.Module):
+        def forward(self, x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return x.long() * 1, i.float() * 1, x.to(torch.float64) * 1, x.to(torch.float32) * 1, i.long() * 1
+
+    gm = capture.export(Converts(), (torch.randn(3), torch.arange(3)))
+    seen: dict[tuple[str, str, torch.dtype], bool] = {}
+    for n in gm.graph.nodes:
+        facts = op_facts(n) if n.op == "call_method" else None
+        meta = tensor_meta(n)
+        if facts is not None and meta is not None:
+            seen[(str(n.target), n.args[0].name, meta.dtype)] = facts.may_alias
+    x, i = (p.name for p in gm.graph.nodes if p.op == "placeholder")
+    want = {
+        ("long", x, torch.int64): False,
+        ("float", i, torch.float32): False,
+        ("to", x, torch.float64): False,
+    }
+    assert {k: seen.get(k) for k in want} == want, seen
+    kept = [
+        v
+        for (target, src, dtype), v in seen.items()
+        if (src, dtype) in ((x, torch.float32), (i, torch.int64))
+    ]
+    assert kept and all(kept), seen  # same dtype: may be the input itself (Dynamo may drop these)
