@@ -39,8 +39,9 @@ def _operands(node: fx.Node) -> tuple[Any, Any] | None:
     if node.op == "call_method" and node.target in ("matmul", "__matmul__") and len(node.args) == 2:
         return node.args[0], node.args[1]
     if node.op == "call_function" and node.target is torch.tensordot:
-        args = list(node.args) + [None] * (3 - len(node.args))
-        x, w, dims = args[0], args[1], node.kwargs.get("dims", args[2])
+        args: list[Any] = list(node.args) + [None] * (3 - len(node.args))
+        x, w = args[0], args[1]
+        dims: Any = node.kwargs.get("dims", args[2])
         if set(node.kwargs) - {"dims"}:
             return None
         x_meta = tensor_meta(x) if isinstance(x, fx.Node) else None
