@@ -1,0 +1,49 @@
+"""Models this repository did not write: the outside corpus of issue #19.
+
+WHY: the rules' claim is generality. Measured only on our own families it cannot fail, so this
+package builds recommendation models from elsewhere, as their own docs show: DeepCTR-Torch's zoo
+(``deepctr_zoo``, an optional dev install, ``requirements/dev-nodeps.txt``) and torchrec's own
+models (``torchrec_zoo``). Each entry builds ``(module, example_inputs)`` on seeded synthetic data:
+no network, no downloaded weights.
+
+    from models import outside
+    module, inputs = outside.build("deepctr.MMOE", seed=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+Builder = Callable[[int], tuple[nn.Module, tuple[Any, ...]]]
+
+
+class OutsideModelError(ValueError):
+    """An unknown corpus name, or a zoo that is not installed (one line)."""
+
+
+def catalog() -> dict[str, Builder]:
+    """Every corpus model whose zoo is installed, by ``zoo.Name``."""
+    from . import deepctr_zoo, torchrec_zoo
+
+    found: dict[str, Builder] = {}
+    for zoo in (deepctr_zoo, torchrec_zoo):
+        if zoo.available():
+            found.update({f"{zoo.PREFIX}.{name}": builder for name, builder in zoo.MODELS.items()})
+    return found
+
+
+def names() -> list[str]:
+    return sorted(catalog())
+
+
+def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
+    """``(module in train mode, example inputs)`` of one corpus model."""
+    models = catalog()
+    if name not in models:
+        raise OutsideModelError(
+            f"unknown outside model {name!r}; installed: {', '.join(sorted(models)) or 'none'}"
+        )
+    return models[name](seed)
