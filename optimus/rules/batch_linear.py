@@ -50,21 +50,29 @@ def stacked_linear(
     return list(b.unbind(out, g))
 
 
+def linear_key(node: fx.Node, ctx: RewriteContext) -> tuple[Any, ...] | None:
+    """(x shape, x dtype, x device, W shape, W dtype, has bias) of a linear whose input, 2-D weight
+    and bias all have meta and agree on K; None for anything else. Shared by the linear rules'
+    group keys."""
+    canon = ctx.canon(node)
+    if canon is None or canon.op != "linear":
+        return None
+    x, w, bias = ctx.meta(canon["input"]), ctx.meta(canon["weight"]), canon["bias"]
+    if x is None or w is None or len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[1]:
+        return None
+    if bias is not None and ctx.meta(bias) is None:
+        return None
+    return (x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
+
+
 class BatchLinear(HorizontalRule):
     name = "batch_linear"
 
     def key(self, node: fx.Node, ctx: RewriteContext) -> Hashable | None:
-        canon = ctx.canon(node)
-        if canon is None or canon.op != "linear":
-            return None
-        x, w, bias = ctx.meta(canon["input"]), ctx.meta(canon["weight"]), canon["bias"]
-        if x is None or w is None or len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[1]:
-            return None
-        if w.shape[1] == 1:
+        found = linear_key(node, ctx)
+        if found is None or found[3][1] == 1:
             return None  # K = 1: an outer product, batched by batch_size1_linear
-        if bias is not None and ctx.meta(bias) is None:
-            return None
-        return ("linear", x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
+        return ("linear", *found)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
         canons = [b.ctx.must_canon(n) for n in nodes]

@@ -23,21 +23,17 @@ from torch import fx
 from ..builder import Builder
 from ..context import RewriteContext
 from .base import Cost, HorizontalRule
+from .batch_linear import linear_key
 
 
 class BatchSize1Linear(HorizontalRule):
     name = "batch_size1_linear"
 
     def key(self, node: fx.Node, ctx: RewriteContext) -> Hashable | None:
-        canon = ctx.canon(node)
-        if canon is None or canon.op != "linear":
+        found = linear_key(node, ctx)
+        if found is None or found[3][1] != 1:
             return None
-        x, w, bias = ctx.meta(canon["input"]), ctx.meta(canon["weight"]), canon["bias"]
-        if x is None or w is None or len(w.shape) != 2 or w.shape[1] != 1 or not x.shape or x.shape[-1] != 1:
-            return None
-        if bias is not None and ctx.meta(bias) is None:
-            return None
-        return ("size1_linear", x.shape, x.dtype, x.device, w.shape, w.dtype, bias is not None)
+        return ("size1_linear", *found)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:
         canons = [b.ctx.must_canon(n) for n in nodes]
