@@ -149,6 +149,8 @@ def legalize(m: Member) -> Member:
     - no in-place write after an op whose backward reads its output (tanh, sigmoid, relu);
     - no in-place write through a view of a leaf that requires grad (``x``, a parameter) while
       grad is on; ``view_out`` with an in-place consumer is moved under ``no_grad``;
+    - no ``relu_`` through a view of a source with grad on (a later write of the source would
+      change the output relu_'s backward reads): ``add_`` instead;
     - no ``.view(-1)`` of a view eager cannot flatten (a slice, a transpose);
     - no in-place write on a tanh result (``alias_inplace``);
     - members without a tensor result (``*_unused``) have no consumer.
@@ -159,6 +161,10 @@ def legalize(m: Member) -> Member:
         m = replace(m, variant="gelu")
     if writes_leaf(m):
         m = replace(m, region="no_grad", keep=False)
+    if mutates_source(m) and m.consumer == "relu_" and m.region != "no_grad":
+        # relu_'s backward reads its output, and that output is the source: any later write of the
+        # source (another member's) would break eager's backward
+        m = replace(m, consumer="add_")
     if m.kind == "view_out" and m.consumer in ("view", "t_view") and m.variant in ("slice", "t", "w_t"):
         m = replace(m, consumer="")  # eager itself cannot flatten these views
     if m.kind == "alias_inplace" and m.consumer in INPLACE:
