@@ -33,6 +33,9 @@ class BatchSize1Linear(HorizontalRule):
         found = linear_key(node, ctx)
         if found is None or found[3][1] != 1:
             return None
+        out = ctx.meta(node)
+        if out is None or out.dtype != found[1]:
+            return None  # autocast ran the GEMM in lower precision; addcmul would not (no autocast rule)
         return ("size1_linear", *found)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:

@@ -82,3 +82,22 @@ def test_cost_model_declines_where_launches_are_free() -> None:
     report = gm.optimus_report
     assert "batch_size1_linear" not in report.rules_fired
     assert report.declined.get("batch_size1_linear", 0) >= 1, report.declined
+
+
+def test_under_autocast_the_projections_stay_linears() -> None:
+    """Found by the fuzzer: autocast runs each linear in bfloat16, an addcmul it would run in
+    float32, so the fused form would hand back another dtype. Declined by the key."""
+
+    class Autocast(DenseProjections):
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return super().forward(x)
+
+    torch.manual_seed(0)
+    model = Autocast()
+    x = torch.randn(8, G)
+    gm = optimus.optimize(model, (x,), config=OptimusConfig(layout=RelayoutParams()), cost_model=LAUNCH_BOUND)
+    assert "batch_size1_linear" not in gm.optimus_report.rules_fired
+    want, got = model(x), gm(x)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16] * G
+    assert_same_results(want, got, sources=[x])
