@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from . import caller_state, capture, driver
+from . import caller_state, capture, driver, dynamo_watch, sparse_boundary
+from .call_signature import forward_names
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .cost import CostModel
@@ -119,10 +120,15 @@ def optimize(
         report.graphs = 1
     else:
         inputs = capture.check_inputs(module, example_inputs)
-        gm, report = capture_and_optimize(module, inputs, cfg)
-        if report.capture == "export":
-            specialize(gm, module, inputs, functools.partial(_recapture, cfg=cfg))
-            report.specializations = getattr(gm, GUARD).reasons
+        boundary = sparse_boundary.find(module, inputs)
+        found = _capture_around_lookup(module, inputs, cfg, boundary) if boundary is not None else None
+        if found is not None:
+            gm, report = found
+        else:
+            gm, report = capture_and_optimize(module, inputs, cfg)
+            if report.capture == "export":
+                specialize(gm, module, inputs, functools.partial(_recapture, cfg=cfg))
+                report.specializations = getattr(gm, GUARD).reasons
     report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]
     return gm
@@ -138,16 +144,64 @@ def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> 
     return gm
 
 
+def _capture_around_lookup(
+    module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig, boundary: sparse_boundary.Boundary
+) -> tuple[fx.GraphModule, OptimusReport] | None:
+    """Whole-graph capture of a model fed a KeyedJaggedTensor, its EmbeddingBagCollection run
+    eagerly outside the graph (see :mod:`optimus.sparse_boundary`); None when that capture does
+    not apply or fails (the caller then takes the ordinary path)."""
+    with caller_state.preserved(module):
+        kjt = caller_state.clone_inputs(inputs)[boundary.index]
+        example = sparse_boundary.pooled_example(boundary, kjt)
+    if example is None:
+        return None
+    pooled, stub = example
+    dense = sparse_boundary.DenseOf(module, boundary, stub)
+    dense_inputs = (*inputs[: boundary.index], pooled, *inputs[boundary.index + 1 :])
+    with boundary.stubbed(stub):
+        inner, report = capture_and_optimize(dense, dense_inputs, cfg, fallback=False)
+    if inner is None:
+        return None
+
+    def recapture(source: nn.Module, args: tuple[Any, ...]) -> Any:
+        start = time.perf_counter()
+        with boundary.stubbed(stub), torch.inference_mode(False), torch.enable_grad():
+            again, again_report = capture_and_optimize(source, args, cfg, fallback=False)
+        if again is None:  # export failed for this call: the model itself, eagerly
+            return source
+        again_report.capture_seconds = time.perf_counter() - start - again_report.seconds
+        again.optimus_report = again_report
+        return again
+
+    specialize(inner, dense, dense_inputs, recapture)
+    report.specializations = getattr(inner, GUARD).reasons
+    report.capture_reason = (
+        f"torch._dynamo.export captured forward as one graph, with the EmbeddingBagCollection "
+        f"{boundary.path!r} run eagerly outside it: the graph's input is its pooled output, so "
+        "batches with other numbers of ids reuse the graph"
+    )
+    names = list(forward_names(module)) or [f"arg{i}" for i in range(len(inputs))]
+    if len(names) != len(inputs):
+        names = [f"arg{i}" for i in range(len(inputs))]
+    outer = sparse_boundary.outer_graph_module(boundary, inner, names)
+    setattr(outer, OWNED_FLAG, getattr(inner, OWNED_FLAG, False))
+    return outer, report
+
+
 def capture_and_optimize(
-    module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig
-) -> tuple[fx.GraphModule, OptimusReport]:
-    """One graph of ``module`` for ``inputs`` (whole-graph export, else Dynamo subgraphs),
-    optimized; the module's state, the inputs and the RNG are as they were afterwards."""
+    module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig, fallback: bool = True
+) -> tuple[Any, OptimusReport]:
+    """One graph of ``module`` for ``inputs`` (whole-graph export, else Dynamo subgraphs; with
+    ``fallback`` false, (None, report) instead of the subgraphs), optimized; the module's state,
+    the inputs and the RNG are as they were afterwards."""
     with caller_state.preserved(module) as state:
         clones = caller_state.clone_inputs(inputs)
         try:
             gm = capture.export(module, clones)
         except Exception as exc:
+            if not fallback:
+                log.info("optimus: export around the sparse lookup failed (%s: %s)", type(exc).__name__, exc)
+                return None, OptimusReport()
             log.info(
                 "optimus: whole-graph export failed (%s: %s); optimizing Dynamo subgraphs",
                 type(exc).__name__,
@@ -184,11 +238,15 @@ def _optimize_subgraphs(
     )
     total.notes.append(f"whole-graph export failed ({type(reason).__name__}); optimized each Dynamo graph")
 
+    compiled_before_return = [True]
+
     def backend(sub: fx.GraphModule, example: list[Any]) -> Any:
         with caller_state.preserved(None):  # verify seeds the RNG
             one = optimize_graph_module(sub, cfg, example if cfg.verify else None)
         one.graphs = 1
         total.merge(one)
+        if not compiled_before_return[0]:
+            total.recompiles += 1
         return sub.forward
 
     compiled = torch.compile(module, backend=backend, dynamic=False)
@@ -212,6 +270,8 @@ def _optimize_subgraphs(
         unchanged.capture_reason = f"Dynamo could not capture the model ({type(exc).__name__}): it runs as is"
         unchanged.notes.append(f"unchanged: Dynamo could not capture the model ({type(exc).__name__}: {exc})")
         return capture.wrap_compiled(module, len(inputs)), unchanged
+    compiled_before_return[0] = False
+    dynamo_watch.watch(total, type(module).forward)
     return capture.wrap_compiled(compiled, len(inputs)), total
 
 

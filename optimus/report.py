@@ -37,6 +37,11 @@ class OptimusReport:
     # not merged", "batch_linear: grouping across grad region", ...)
     declined_reasons: dict[str, int] = field(default_factory=dict)
     graphs: int = 0  # Dynamo graphs optimized (more than 1 when the model has graph breaks)
+    # dynamo-subgraphs path only: graphs Dynamo compiled (and optimus optimized) at calls after
+    # optimize() returned (a new input shape, a new KJT length), and whether Dynamo's recompile
+    # limit was reached, after which calls that match no compiled graph run eagerly, unoptimized
+    recompiles: int = 0
+    recompile_limit_hit: bool = False
     capture: str = ""  # "export" | "graph" | "dynamo-subgraphs" | "pre_grad" | "backend"
     notes: list[str] = field(default_factory=list)
     capture_seconds: float = 0.0  # Dynamo capture (export / compile of the subgraphs)
