@@ -55,13 +55,20 @@ class Builder:
             return self.call(torch.cat, runs, 0)
         split = self.split_source(values, dim)
         if split is not None:  # equal pieces of X along d: a view of X, no copy, no new pieces
-            x, d, k = split
+            x, d, k, start = split
+            x_meta = self.ctx.meta(x)
+            if x_meta is None or len(values) * k != x_meta.shape[d]:  # a run inside a longer split
+                x = self.call(torch.narrow, x, d, start, len(values) * k)
             return self.method("movedim", self.method("unflatten", x, d, (len(values), k)), d, 0)
         return self.call(torch.stack, list(values), dim)
 
-    def split_source(self, values: Sequence[fx.Node], dim: int = 0) -> tuple[fx.Node, int, int] | None:
-        """(X, d, k) if ``values`` are all the pieces, in order, of ``split(X, k, d)`` (or chunk)
-        with equal sizes k: then ``stack(values)`` is the view ``X.unflatten(d, (n, k)).movedim(d, 0)``."""
+    def split_source(self, values: Sequence[fx.Node], dim: int = 0) -> tuple[fx.Node, int, int, int] | None:
+        """(X, d, k, start) if ``values`` are consecutive pieces ``i .. i+n-1``, in order, of
+        ``split(X, sizes, d)`` (or all pieces of ``chunk``), each of size k, the first starting at
+        ``start`` along d: then ``stack(values)`` is the view
+        ``X.narrow(d, start, n*k).unflatten(d, (n, k)).movedim(d, 0)`` (no narrow when they are all
+        of X). A run inside a longer split is the merged experts and gates of one shared-input
+        linear (``[256] * 4 + [64] * 2``): the experts' next ops stack their pieces for free."""
         if dim != 0 or len(values) < 2:
             return None
         first = values[0]
@@ -78,19 +85,31 @@ class Builder:
             return None
         d %= len(meta.shape)
         n, total = len(values), meta.shape[d]
-        if total % n:
+        i0 = first.args[1]
+        if not isinstance(i0, int):
             return None
-        k = total // n
-        size = canon["split_size_or_sections"] if canon.op == "split" else None
         if canon.op == "chunk":
-            if canon["chunks"] != n:
+            if canon["chunks"] != n or total % n or i0 != 0:
                 return None
-        elif not (size == k or (isinstance(size, (list, tuple)) and list(size) == [k] * n)):
+            sizes = [total // n] * n
+        else:
+            size = canon["split_size_or_sections"]
+            if isinstance(size, int) and size > 0:
+                sizes = [min(size, total - o) for o in range(0, total, size)]
+            elif isinstance(size, (list, tuple)) and all(isinstance(v, int) for v in size):
+                sizes = list(size)
+            else:
+                return None
+        if sum(sizes) != total or i0 < 0 or i0 + n > len(sizes):
+            return None
+        run = sizes[i0 : i0 + n]
+        k = run[0]
+        if k <= 0 or any(v != k for v in run):
             return None
         for i, v in enumerate(values):
-            if not (v.op == "call_function" and v.target is operator.getitem and v.args == (source, i)):
+            if not (v.op == "call_function" and v.target is operator.getitem and v.args == (source, i0 + i)):
                 return None
-        return x, d, k
+        return x, d, k, sum(sizes[:i0])
 
     def unstacked_source(self, values: Sequence[fx.Node], dim: int = 0) -> fx.Node | None:
         """If ``values`` are ``unbind(X, dim)[0..n-1]`` return X (cost-free stacking)."""
@@ -156,11 +175,12 @@ class Builder:
         split = self.split_source(values, dim)
         if split is None:
             return None
-        x, d, k = split
+        x, d, k, start = split
         meta = tensor_meta(x)
         if meta is None or meta.stride is None:
             return None
         t = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
+        t = t.narrow(d, start, len(values) * k)
         found = _from_value(t.unflatten(d, (len(values), k)).movedim(d, 0))
         return found if isinstance(found, TensorMeta) else None
 

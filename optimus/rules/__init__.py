@@ -21,18 +21,21 @@ from .group_linear import GroupLinear
 from .matmul_as_linear import MatmulAsLinear
 from .merge_shared_linear import MergeSharedLinear
 from .merge_splits import MergeSplits
+from .noop_dropout import NoopDropout
 from .noop_split_cat import NoopSplitCat
 from .normalize_split_cat import NormalizeSplitCat
 from .split_cat import SplitCat
 from .stack_pieces import StackPieces
 from .stack_unbind import StackUnbind
 from .unbind_cat import UnbindCat
+from .vector_matmul import VectorMatmul
 
 REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round; functionalize_inplace first: it unpins what dce/cse
     # and every later rule may then touch)
     "functionalize_inplace": FunctionalizeInplace,
     "matmul_as_linear": MatmulAsLinear,  # x @ W with W a parameter: a linear the rules below see
+    "noop_dropout": NoopDropout,  # dropout with p = 0 or training off returns its input itself
     "dce": DeadCode,
     "cse": CommonSubexpression,
     # shared-input merge (listed before batch_linear: it wins ties on the same linears)
@@ -45,6 +48,7 @@ REGISTRY: dict[str, type] = {
     "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
+    "vector_matmul": VectorMatmul,  # bmm with one row (MMoE's gate pooling), in training on CPU
     # split/cat family (normalize_split_cat is a cleanup: it runs at the start of every round)
     "normalize_split_cat": NormalizeSplitCat,
     "split_cat": SplitCat,

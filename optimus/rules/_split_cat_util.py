@@ -39,7 +39,14 @@ _SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
 
 
 SPLITS = frozenset({"split", "chunk", "tensor_split", "split_with_sizes"})
-_KIND_BY_NAME = {"tensor_split": "tensor_split", "split_with_sizes": "split_with_sizes", "narrow": "narrow"}
+_KIND_BY_NAME = {
+    "tensor_split": "tensor_split",
+    "split_with_sizes": "split_with_sizes",
+    "narrow": "narrow",
+    "matmul": "matmul",  # torch.matmul, operator.matmul, x.matmul (vector_matmul anchors on them)
+    "__matmul__": "matmul",
+    "bmm": "bmm",
+}
 _KINDS: weakref.WeakKeyDictionary[Any, dict[str, list[fx.Node]]] = weakref.WeakKeyDictionary()
 
 

@@ -1,9 +1,10 @@
 """stack_unbind: unbind(stack(xs, d), d)[i] -> xs[i], and stack(unbind(x, d)[i..j], d) -> x (all
-pieces) or x.narrow(d, i, j - i + 1) (a run), when both use the same dim and the order matches.
+pieces) or x.narrow(d, i, j - i + 1) (a run), when both use the same dim and the order matches;
+stack(unbind(x, u)[i..j], e) with u != e -> a contiguous clone of x(.narrow).movedim(u, e).
 
 WHY: horizontal fusion stacks inputs and unbinds outputs; chained fused ops (or a model that
 stacks and later iterates) produce these round trips. The stack copy and the unbind dispatch go
-away. Declines when dims differ, pieces are permuted, repeated or with gaps, the unbind's tuple
+away. Declines when pieces are permuted, repeated or with gaps, the unbind's tuple
 is used other than through getitems, nodes are mutated/effectful, or the result would return a
 model input or parameter itself as a graph output.
 """
@@ -82,9 +83,11 @@ class StackUnbind(NodeSetRule):
             return None
         source, unbind, indices = run
         first = indices[0]
-        if unbind.dim != stack.dim or not all_movable([source, *stack.tensors], ctx):
+        if not all_movable([source, *stack.tensors], ctx):
             return None
         full = len(indices) == unbind.count
+        if unbind.dim != stack.dim:
+            return self._stack_of_unbind_moved(node, stack, unbind, source, first, len(indices), full, ctx)
         if breaks_freshness([(node, unbind.input)], ctx):
             return None
         n = len(indices)
@@ -98,6 +101,38 @@ class StackUnbind(NodeSetRule):
             before = before + VIEW
         after = Cost() if full else VIEW
         return Found((node,), before, after, ("whole", unbind.input, stack.dim, first, len(indices), full))
+
+    def _stack_of_unbind_moved(
+        self,
+        node: fx.Node,
+        stack: Any,
+        unbind: Any,
+        source: fx.Node,
+        first: int,
+        n: int,
+        full: bool,
+        ctx: RewriteContext,
+    ) -> Found | None:
+        """stack(unbind(x, u)[i..j], e) with u != e -> x(.narrow(u, i, n)).movedim(u, e), cloned
+        contiguous: the same values in the same fresh contiguous layout a stack returns (a clone,
+        never ``.contiguous()``, which hands back x itself when the moved view is contiguous
+        already). One copy either way; the unbind and its getitems go away. A batched group whose
+        members a model stacks on another dim (MMoE's ``stack(experts, 1)``) is the case."""
+        if n < 2 or not same_dtypes(stack.tensors, unbind.input, ctx):
+            return None
+        u, e = unbind.dim, stack.dim
+
+        def moved(y: torch.Tensor) -> torch.Tensor:
+            y = y if full else y.narrow(u, first, n)
+            return torch.clone(y.movedim(u, e), memory_format=torch.contiguous_format)
+
+        if not layout_safe(node, built_meta(moved, unbind.input), ctx):
+            return None
+        before = copy_cost(node, ctx)
+        if tuple_dies_with(source, [node]):
+            before = before + VIEW
+        after = copy_cost(node, ctx, inputs=1) + (Cost() if full else VIEW)
+        return Found((node,), before, after, ("moved", unbind.input, u, e, first, n, full))
 
     def _stack_with_runs(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
         """stack([a, u[i], u[i+1], .., u[j], b, ..], d) with u = unbind(Y, e) -> cat([a.unsqueeze(d),
@@ -138,6 +173,12 @@ class StackUnbind(NodeSetRule):
                 y = whole if n == count else b.call(torch.narrow, whole, e, start, n)
                 pieces.append(y if e == dim else b.method("movedim", y, e, dim))
             return [b.call(torch.cat, pieces, dim)]
+        if data[0] == "moved":
+            _, x, u, e, first, n, full = data
+            y = x if full else b.call(torch.narrow, x, u, first, n)
+            return [
+                b.call(torch.clone, b.call(torch.movedim, y, u, e), memory_format=torch.contiguous_format)
+            ]
         _, source, dim, start, length, full = data
         if full:
             return [source]

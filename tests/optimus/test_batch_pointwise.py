@@ -163,3 +163,20 @@ def test_binary_inplace_never_fuses() -> None:
     gm = optimize_traced(mod, xs, rules=["batch_binary"])
     assert count_calls(gm, operator.mul) == 6  # the multiplies read values that are later mutated
     assert_parity(mod, gm, xs)
+
+
+def test_a_run_of_equal_pieces_inside_a_longer_split_is_stacked_as_a_view() -> None:
+    """MMoE's merged expert-and-gate linear splits ``[32] * 4 + [8] * 2``: the experts' relus stack
+    their four pieces as one view of the split's input (no copy), and the gates stay apart."""
+    from split_cat_helpers import ops, run
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        a, b, c, d, g1, g2 = torch.split(x * 1.0, [32, 32, 32, 32, 8, 8], 1)
+        experts = [torch.relu(p) + 1.0 for p in (a, b, c, d)]
+        return torch.cat(experts, 1) * 2.0, g1.sigmoid() + g2
+
+    x = torch.randn(16, 144)
+    gm = run(f, [x], ["batch_unary"])
+    assert gm.optimus_report.rules_fired.get("batch_unary") == 1
+    assert ops(gm, "stack") == 0 and ops(gm, "narrow") == 1
+    torch.testing.assert_close(gm(x)[0], f(None, x)[0])

@@ -140,3 +140,42 @@ def test_default_cost_model_declines_a_short_run_beside_many_singles() -> None:
     gm = run(f, [torch.randn(3, 4, 2), torch.randn(4, 2)], RULES, cost_model=optimus.AnalyticCostModel())
     assert fired(gm, "stack_unbind") == 0
     assert gm.optimus_report.declined.get("stack_unbind", 0) >= 1
+
+
+@pytest.mark.parametrize(("shape", "udim", "sdim"), [((4, 3, 5), 0, 1), ((4, 3, 5), 0, 2), ((3, 4, 5), 1, 0)])
+def test_stack_of_unbind_on_another_dim_is_one_contiguous_clone(shape, udim, sdim) -> None:  # type: ignore[no-untyped-def]
+    n = shape[udim]
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        parts = (x * 2.0).unbind(udim)
+        return torch.stack([parts[i] for i in range(n)], sdim)  # returned raw: layout observed
+
+    x = torch.randn(shape)
+    gm = run(f, [x], RULES)
+    assert fired(gm, "stack_unbind") == 1
+    assert ops(gm, "stack") == 0 and ops(gm, "unbind") == 0
+    got, want = gm(x), torch.stack(list((x * 2.0).unbind(udim)), sdim)
+    assert got.is_contiguous() and got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
+
+
+def test_stack_of_unbind_on_another_dim_never_aliases_the_input() -> None:
+    # x.movedim(0, 1) of a [4, 1, 5] tensor is contiguous already: ``.contiguous()`` would return
+    # x itself, and the caller could write through the result into x. The clone never does.
+    def f(self, x):  # type: ignore[no-untyped-def]
+        a, b, c, d = x.unbind(0)
+        return torch.stack([a, b, c, d], 1)
+
+    x = torch.randn(4, 1, 5)
+    gm = run(f, [x], RULES)
+    out = gm(x)
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_a_permuted_stack_of_unbind_on_another_dim_is_left_alone() -> None:
+    def f(self, x):  # type: ignore[no-untyped-def]
+        a, b, c = (x * 2.0).unbind(0)
+        return torch.stack([b, a, c], 1)
+
+    gm = run(f, [torch.randn(3, 4, 5)], RULES)
+    assert fired(gm, "stack_unbind") == 0
