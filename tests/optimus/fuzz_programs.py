@@ -42,7 +42,7 @@ KINDS = (
     "linear",  # Linear(s) (q/k/v when several share s: merge_shared_linear)
     "split_pw",  # unary op on each piece of a split (batch_unary on split pieces)
     "split_cat",  # cat of all pieces of a split of a view of s (a fresh tensor in eager)
-    "stack_unbind",  # stack of all rows of an unbind of a view of s (fresh in eager)
+    "stack_unbind",  # stack of all rows of an unbind of a view of s, on its dim or another (fresh in eager)
     "bn_twice",  # bn(s) + bn(s) with one train-mode BatchNorm: two statistics updates
     "bn_unused",  # bn(s) whose result nobody reads: still one statistics update
     "random_dup",  # r(s) - r(s) for a random op r: two independent draws, not zero
@@ -323,7 +323,9 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
         lines += [f"q{i} = torch.split({src}, 2, dim=1)", f"{o} = torch.cat([*q{i}], dim=1)"]
     elif m.kind == "stack_unbind":
         src = _view_code(m.variant, s, i, spec)
-        lines += [f"r{i} = torch.unbind({src}, 1)", f"{o} = torch.stack([*r{i}], 1)"]
+        # members at odd positions stack on another dim (stack_unbind's moved form): chosen by
+        # position, not drawn, so every seed's other draws stay as they were
+        lines += [f"r{i} = torch.unbind({src}, 1)", f"{o} = torch.stack([*r{i}], {1 if i % 2 == 0 else 0})"]
     elif m.kind == "bn_twice":
         lines += [f"{o} = self.bn{i}({s}) + self.bn{i}({s})"]
     elif m.kind == "bn_unused":
