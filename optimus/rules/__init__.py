@@ -13,6 +13,7 @@ from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
 from .batch_size1_linear import BatchSize1Linear
+from .cat_pieces import CatPieces
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
 from .flatten_cats import FlattenCats
@@ -25,6 +26,7 @@ from .noop_dropout import NoopDropout
 from .noop_split_cat import NoopSplitCat
 from .normalize_split_cat import NormalizeSplitCat
 from .split_cat import SplitCat
+from .split_squeeze import SplitSqueeze
 from .stack_pieces import StackPieces
 from .stack_unbind import StackUnbind
 from .unbind_cat import UnbindCat
@@ -59,6 +61,8 @@ REGISTRY: dict[str, type] = {
     "stack_unbind": StackUnbind,
     "unbind_cat": UnbindCat,
     "stack_pieces": StackPieces,
+    "cat_pieces": CatPieces,  # cat of adjacent equal pieces along another dim: one clone
+    "split_squeeze": SplitSqueeze,  # size-1 split pieces squeezed on the split dim: an unbind (cleanup)
 }
 
 
