@@ -13,6 +13,7 @@ from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
 from .batch_size1_linear import BatchSize1Linear
+from .cat_gather import CatGather
 from .cat_pieces import CatPieces
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
@@ -61,7 +62,8 @@ REGISTRY: dict[str, type] = {
     "stack_unbind": StackUnbind,
     "unbind_cat": UnbindCat,
     "stack_pieces": StackPieces,
-    "cat_pieces": CatPieces,  # cat of adjacent equal pieces along another dim: one clone
+    "cat_pieces": CatPieces,
+    "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather  # cat of adjacent equal pieces along another dim: one clone
     "split_squeeze": SplitSqueeze,  # size-1 split pieces squeezed on the split dim: an unbind (cleanup)
 }
 
