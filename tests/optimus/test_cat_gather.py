@@ -1,0 +1,71 @@
+"""cat_gather: a cat of repeated or reordered unbind pieces (PNN's pairwise ``cat([e[i] for i in
+row], 1)``) -> one index_select; eager's values, gradients and contiguous fresh result; must not
+fire for an in-order run (unbind_cat's), pieces of two sources or a written source; the cost model
+declines a short gather without gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from layout_helpers import assert_same_results
+from optimus_helpers import LAUNCH_BOUND, assert_parity
+from split_cat_helpers import fired, ops
+from torch import nn
+
+import optimus
+
+F = 8
+ROW, COL = zip(*itertools.combinations(range(F), 2), strict=True)
+
+
+class Pairs(nn.Module):
+    """DeepCTR's inner-product layer over F embedded features."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        embeds = torch.unbind(x * 1.0, 1)  # x: [B, F, 1, D] -> F pieces [B, 1, D]
+        p = torch.cat([embeds[i] for i in ROW], 1)
+        q = torch.cat([embeds[j] for j in COL], 1)
+        return (p * q).sum(-1)
+
+
+def test_pairwise_cats_become_gathers_with_eager_results() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(16, F, 1, 4, requires_grad=True)
+    model = Pairs()
+    gm = optimus.optimize(model, (x,))
+    assert fired(gm, "cat_gather") == 2 and ops(gm, "cat") == 0
+    assert_parity(model, gm, [x])
+    assert_same_results(model(x), gm(x), sources=[x])
+
+
+@pytest.mark.parametrize("case", ["in-order", "two-sources", "written"])
+def test_must_not_fire(case: str) -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+            a, b = torch.unbind(x * 1.0, 1), torch.unbind(z * 1.0, 1)
+            if case == "in-order":
+                return torch.cat([a[0], a[1], a[2]], 1)
+            if case == "two-sources":
+                return torch.cat([a[1], b[0], a[1]], 1)
+            h = x * 1.0
+            pieces = torch.unbind(h, 1)
+            out = torch.cat([pieces[1], pieces[0], pieces[1]], 1)
+            h.add_(1.0)
+            return out + h.sum()
+
+    x, z = torch.randn(4, 3, 2), torch.randn(4, 3, 2)
+    gm = optimus.optimize(M(), (x, z), cost_model=LAUNCH_BOUND)
+    assert fired(gm, "cat_gather") == 0
+    torch.testing.assert_close(gm(x, z), M()(x, z))
+
+
+def test_the_cost_model_declines_a_short_gather_without_gradients() -> None:
+    class Short(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = torch.unbind(x * 1.0, 1)
+            return torch.cat([a[1], a[0], a[1]], 1)
+
+    gm = optimus.optimize(Short(), (torch.randn(4, 3, 2),))  # no grad: the cat's backward never runs
+    assert fired(gm, "cat_gather") == 0 and gm.optimus_report.declined.get("cat_gather") == 1
