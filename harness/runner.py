@@ -28,6 +28,7 @@ from harness.spec import CellKey, RunConfig
 # Fields of the config that decide what a cell measures; a resumed run must agree on them.
 RESUME_FIELDS = (
     "scale", "device", "seed", "warmup", "min_iters", "max_iters", "budget_s", "threads", "atol", "rtol", "provider",
+    "nproc", "sharding",
 )  # fmt: skip
 
 
@@ -169,8 +170,13 @@ def run_suite(
     retry_failed: bool = False,
     progress: bool = True,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
+    sharded_plans: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run every cell of ``cfg`` not already done, writing ``out`` after each; return the document."""
+    """Run every cell of ``cfg`` not already done, writing ``out`` after each; return the document.
+
+    With ``cfg.nproc > 1`` every cell is a torchrun job (``harness.sharded.launch``);
+    ``sharded_plans`` (model -> plan JSON, made up front by ``run --nproc``) saves planning
+    each model again, and a model missing from it is planned at its first cell."""
     path = Path(out)
     config = cfg.as_dict()
     for name in cfg.modes:  # run-level facts of a mode (compile+peer: the peer's pattern keys)
@@ -205,11 +211,19 @@ def run_suite(
 
         bar = tqdm(total=len(cfg.cells()), initial=len(cfg.cells()) - len(todo), unit="cell", file=sys.stderr,
                    dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} cells [{elapsed}<{remaining}] {postfix}")  # fmt: skip
+    plans: dict[str, dict[str, Any]] = dict(sharded_plans or {})
     try:
         for key in todo:
             if bar is not None:
                 bar.set_postfix_str(key.label())
-            cell = run_one(key, config, cfg.timeout_s)
+            if cfg.nproc > 1:
+                from harness.sharded.launch import run_sharded
+
+                cell = run_sharded(key, config, cfg.timeout_s, plans.get(key.model))
+                if cell.get("plan") is not None:
+                    plans[key.model] = cell["plan"]
+            else:
+                cell = run_one(key, config, cfg.timeout_s)
             results.upsert_cell(doc, cell)
             results.save_atomic(path, doc)
             if on_cell is not None:
