@@ -10,6 +10,7 @@ it ``Topology(world_size=N)`` and gets the plan every rank then rebuilds from th
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
@@ -59,16 +60,18 @@ def make_plan(module: Any, nproc: int, sharding: str, device: str = "cpu") -> di
     if _planner_fail_requested():
         caps = {"ddr_cap": PLANNER_FAIL_DDR_BYTES, "hbm_cap": PLANNER_FAIL_DDR_BYTES}
     compute = "cuda" if device == "cuda" else "cpu"
-    topology = Topology(world_size=nproc, compute_device=compute, local_world_size=nproc, **caps)
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     quiet = [logging.getLogger(n) for n in ("torchrec.distributed.planner", "torchrec")]
     levels = [lg.level for lg in quiet]
     for lg in quiet:  # the planner's warnings and stats tables are not the harness's output
         lg.setLevel(logging.ERROR)
     try:
-        plan = planner.plan(module, [sharder()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            topology = Topology(world_size=nproc, compute_device=compute, local_world_size=nproc, **caps)
+            planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+            plan = planner.plan(module, [sharder()])
     except Exception as e:  # PlannerError, or RuntimeError("No available sharding type ...")
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0].strip() if str(e).strip() else type(e).__name__
         raise PlanError(
             f"the planner could not place the tables over {nproc} ranks (sharding {sharding}): "
             f"{type(e).__name__}: {first[:300]}"

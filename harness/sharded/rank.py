@@ -172,6 +172,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     inner = dmp.module  # the RecModel (DMP unwraps its DDP)
     inner.forward = types.MethodType(_ordered_forward(names), inner)
     rec["shard"] = planmod.rank_shards(plan_doc, rank)
+    if faults.skew(fault, rank, inner):
+        rec["fault"] = "skew"
 
     optimizer = None
     if train:
@@ -194,8 +196,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
             return m(*batch.inputs)
 
     def step() -> Any:
-        faults.fire(fault, rank, step_no[0])
         progress.set(step=step_no[0])
+        faults.fire(fault, rank, step_no[0])
         batch = local[cursor[0] % len(local)]
         cursor[0] += 1
         step_no[0] += 1
