@@ -115,11 +115,12 @@ def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
     assert ok["parity"]["max_param_err"] <= 1e-4
 
     monkeypatch.setenv(planmod.FAULT_ENV, "skew:rank1")
-    bad = _run(tmp_path, _cfg(phases=["infer"]), "skew.json")["cells"][0]
+    skewed = _run(tmp_path, _cfg(phases=["infer"]), "skew.json")
+    bad = skewed["cells"][0]
     assert bad["status"] == "mismatch"
     assert "rank 1" in bad["error"] and "differ from the single-process eager run" in bad["error"]
     assert [r["status"] for r in bad["ranks"]] == ["ok", "mismatch"]
-    rows = compare.compare_docs(bad, bad)  # a mismatch is lost data for the gate, never a speedup
+    rows = compare.compare_docs(skewed, skewed)  # a mismatch is lost data for the gate, never a speedup
     assert compare.exit_code(rows) == 3
     assert _marked(mark) == []
 
