@@ -154,9 +154,15 @@ def line_summary(cell: dict[str, Any]) -> str:
     return text + f", {cell.get('wall_s', 0.0):.0f} s in all"
 
 
+# Fields added after files were written: a file without one was run with this value.
+RESUME_DEFAULTS: dict[str, Any] = {"nproc": 1, "sharding": "auto"}
+
+
 def _check_resumable(doc: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    old = doc["config"]
-    diff = [f for f in RESUME_FIELDS if old.get(f) != config.get(f)]
+    old = {**RESUME_DEFAULTS, **doc["config"]}
+    config = {**RESUME_DEFAULTS, **config}
+    single = int(old.get("nproc") or 1) == 1 and int(config.get("nproc") or 1) == 1
+    diff = [f for f in RESUME_FIELDS if old.get(f) != config.get(f) and not (single and f == "sharding")]
     if diff:
         details = ", ".join(f"{f}: {old.get(f)!r} in file vs {config.get(f)!r} now" for f in diff)
         raise ValueError(f"--resume: {path} was written with a different configuration ({details})")

@@ -104,6 +104,11 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
     assert {r.verdict for r in compare.compare_docs(single, doc)} == {"not comparable"}
     md = render(doc, "t", [])
     assert "## Sharded cells" in md and "table_wise x4" in md and "2 ranks per cell" in md
+    from harness.sharded import table
+
+    lines = table.rows([doc], [single])
+    assert len(lines) == 2 + 2 and "| towers | infer | eager | table_wise x4 |" in lines[2]
+    assert lines[2].split("|")[13].strip() == "1.00"  # sharded / single: the same cell here
 
 
 def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
@@ -276,3 +281,16 @@ def test_diagnose_names_the_rank() -> None:
     }
     r, why = merge.diagnose(own, prog, "", 2, False, 60.0, 30.0)
     assert r == 1 and why == "rank 1 failed in build: ValueError: bad model"
+
+
+def test_resume_checks_the_rank_count(tmp_path: Path) -> None:
+    from harness.runner import _check_resumable
+
+    cfg = RunConfig(models=["towers"]).validate().as_dict()
+    older = {k: v for k, v in cfg.items() if k not in ("nproc", "sharding", "pg_timeout_s")}
+    _check_resumable({"config": older}, cfg, tmp_path / "old.json")  # a file from before --nproc: 1 rank
+    sharded = {**cfg, "nproc": 2, "sharding": "table_wise"}
+    with pytest.raises(ValueError, match="nproc: 1 in file vs 2 now"):
+        _check_resumable({"config": older}, sharded, tmp_path / "old.json")
+    with pytest.raises(ValueError, match="sharding: 'column_wise' in file vs 'table_wise' now"):
+        _check_resumable({"config": {**sharded, "sharding": "column_wise"}}, sharded, tmp_path / "s.json")
