@@ -31,7 +31,20 @@ def _mib(v: Any) -> str:
 
 
 def _status(c: dict[str, Any]) -> str:
-    return "ok" if c["status"] == "ok" else f"{c['status']}: {str(c.get('error'))[:80]}".replace("|", "\\|")
+    if c["status"] == "ok":
+        return "ok"
+    if c["status"] == "mismatch" and c.get("max_abs_err") is not None:
+        return f"mismatch (max abs err {c['max_abs_err']:.3g})"
+    return f"{c['status']}: {str(c.get('error'))[:80]}".replace("|", "\\|")
+
+
+def _load(c: dict[str, Any] | None) -> str:
+    """The 1-minute load average the cell saw before timing (max over ranks)."""
+    if c is None:
+        return "-"
+    vals = [r.get("loadavg_1m") for r in c.get("ranks") or []] + [c.get("loadavg_1m")]
+    vals = [v for v in vals if v is not None]
+    return f"{max(vals):.1f}" if vals else "-"
 
 
 def rows(sharded: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[str]:
@@ -45,8 +58,9 @@ def rows(sharded: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[st
     keys = sorted(cells, key=lambda k: (k.model, PHASES.index(k.phase), order.get(k.mode, 99)))
     out = [
         "| model | phase | mode | plan | slowest rank ms | rank 0 ms | rank 1 ms | compile s (r0 / r1) "
-        "| peak MiB (r0 / r1) | single ms | single compile s | single peak MiB | sharded / single | status |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| peak MiB (r0 / r1) | single ms | single compile s | single peak MiB | sharded / single | load 1m "
+        "(sharded / single) | status |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in keys:
         c = cells[k]
@@ -63,7 +77,8 @@ def rows(sharded: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[st
             f"| {k.model} | {k.phase} | {k.mode} | {c.get('plan_summary') or '-'} | {_ms(c.get('latency_ms'))} "
             f"| {_ms(lat[0])} | {_ms(lat[1])} | {comp} | {mem} "
             f"| {_ms(b.get('latency_ms') if b else None)} | {_s(b.get('compile_s') if b else None)} "
-            f"| {_mib(b.get('peak_mem_bytes') if b else None)} | {ratio} | {_status(c)}{single_status} |"
+            f"| {_mib(b.get('peak_mem_bytes') if b else None)} | {ratio} | {_load(c)} / {_load(b)} "
+            f"| {_status(c)}{single_status} |"
         )
     return out
 
