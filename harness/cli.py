@@ -83,6 +83,14 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
         "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
+                        "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip
+    p.add_argument("--sharding", default="auto",
+                   help="with --nproc: table_wise, column_wise, table_column_wise, data_parallel or auto "
+                        "(the planner chooses; default)")  # fmt: skip
+    p.add_argument("--pg-timeout-s", type=finite_float, default=120.0,
+                   help="with --nproc: process-group timeout, s; a peer of a hung rank fails after it (default: 120)")  # fmt: skip
     _add_provider_option(p)
 
 
@@ -253,6 +261,9 @@ def _config(args: argparse.Namespace) -> RunConfig:
         atol=args.atol,
         rtol=args.rtol,
         provider=args.provider,
+        nproc=getattr(args, "nproc", 1),
+        sharding=getattr(args, "sharding", "auto"),
+        pg_timeout_s=getattr(args, "pg_timeout_s", 120.0),
     ).validate()
 
 
@@ -298,11 +309,38 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_output_file(args.out)  # before measuring: a bad path must not cost the whole run
+    plans = _plan_all(cfg) if cfg.nproc > 1 else None
     doc = run_suite(
-        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
-    )
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress,
+        sharded_plans=plans,
+    )  # fmt: skip
     _print_summary(doc, args.out)
     return exit_codes.OK
+
+
+def _plan_all(cfg: RunConfig) -> dict[str, dict]:
+    """Plan every model's tables here, before any rank starts: a planner that cannot place them
+    is one line and BAD_INPUT (``harness.sharded.plan.PlanError`` is a ValueError)."""
+    from harness.sharded import launch
+    from harness.sharded.plan import PlanError
+
+    if cfg.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < cfg.nproc:
+            raise ValueError(
+                f"nproc: {cfg.nproc} ranks need {cfg.nproc} GPUs, this host has {torch.cuda.device_count()}"
+            )
+    config = cfg.as_dict()
+    plans = {}
+    for model in cfg.models:
+        try:
+            plans[model] = launch.plan_for(config, model)
+        except PlanError as e:
+            raise PlanError(f"sharding plan for {model}/{cfg.scale}: {e}") from None
+        print(f"plan {model}/{cfg.scale} over {cfg.nproc} ranks: {launch.planmod.describe(plans[model])}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return plans
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

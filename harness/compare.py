@@ -135,6 +135,12 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
         if b["status"] != "ok":
             rows.append(Row(label, "status", b["status"], n["status"], None, "improvement"))
             continue
+        nb, nn = int(b.get("nproc") or 1), int(n.get("nproc") or 1)
+        if nb != nn:  # a sharded job against a single process (or other rank counts): another measurement
+            rows.append(Row(label, "nproc", nb, nn, None, "not comparable"))
+            continue
+        if nn > 1:
+            label += f" [{nn} ranks, {n.get('sharding')}]"
         garbled = _non_finite_figure(b, n)
         if garbled:
             rows.append(Row(label, garbled, None, None, None, "non-finite"))

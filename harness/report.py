@@ -70,6 +70,11 @@ def env_text(doc: dict[str, Any]) -> str:
         f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
         f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
         f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+    ) + (
+        f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
+        "latency = slowest rank per step\n"
+        if int(cfg.get("nproc") or 1) > 1
+        else ""
     )
 
 
@@ -92,7 +97,11 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     if any(r.get(f"{mode_registry.TARGET} status") for r in rows):
         against = " and ".join(mode_registry.BASELINES)
         parts += [f"## {mode_registry.TARGET} against {against}\n", paper.format_paper_table(rows), ""]
+    from harness.sharded.report import section as sharded_section
+
+    sharded = sharded_section(doc)
     parts += [
+        *([sharded] if sharded else []),
         "## Per mode\n",
         *metric_grids(doc),
         grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),

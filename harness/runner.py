@@ -28,6 +28,7 @@ from harness.spec import CellKey, RunConfig
 # Fields of the config that decide what a cell measures; a resumed run must agree on them.
 RESUME_FIELDS = (
     "scale", "device", "seed", "warmup", "min_iters", "max_iters", "budget_s", "threads", "atol", "rtol", "provider",
+    "nproc", "sharding",
 )  # fmt: skip
 
 
@@ -153,9 +154,15 @@ def line_summary(cell: dict[str, Any]) -> str:
     return text + f", {cell.get('wall_s', 0.0):.0f} s in all"
 
 
+# Fields added after files were written: a file without one was run with this value.
+RESUME_DEFAULTS: dict[str, Any] = {"nproc": 1, "sharding": "auto"}
+
+
 def _check_resumable(doc: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    old = doc["config"]
-    diff = [f for f in RESUME_FIELDS if old.get(f) != config.get(f)]
+    old = {**RESUME_DEFAULTS, **doc["config"]}
+    config = {**RESUME_DEFAULTS, **config}
+    single = int(old.get("nproc") or 1) == 1 and int(config.get("nproc") or 1) == 1
+    diff = [f for f in RESUME_FIELDS if old.get(f) != config.get(f) and not (single and f == "sharding")]
     if diff:
         details = ", ".join(f"{f}: {old.get(f)!r} in file vs {config.get(f)!r} now" for f in diff)
         raise ValueError(f"--resume: {path} was written with a different configuration ({details})")
@@ -169,8 +176,13 @@ def run_suite(
     retry_failed: bool = False,
     progress: bool = True,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
+    sharded_plans: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run every cell of ``cfg`` not already done, writing ``out`` after each; return the document."""
+    """Run every cell of ``cfg`` not already done, writing ``out`` after each; return the document.
+
+    With ``cfg.nproc > 1`` every cell is a torchrun job (``harness.sharded.launch``);
+    ``sharded_plans`` (model -> plan JSON, made up front by ``run --nproc``) saves planning
+    each model again, and a model missing from it is planned at its first cell."""
     path = Path(out)
     config = cfg.as_dict()
     for name in cfg.modes:  # run-level facts of a mode (compile+peer: the peer's pattern keys)
@@ -205,11 +217,19 @@ def run_suite(
 
         bar = tqdm(total=len(cfg.cells()), initial=len(cfg.cells()) - len(todo), unit="cell", file=sys.stderr,
                    dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} cells [{elapsed}<{remaining}] {postfix}")  # fmt: skip
+    plans: dict[str, dict[str, Any]] = dict(sharded_plans or {})
     try:
         for key in todo:
             if bar is not None:
                 bar.set_postfix_str(key.label())
-            cell = run_one(key, config, cfg.timeout_s)
+            if cfg.nproc > 1:
+                from harness.sharded.launch import run_sharded
+
+                cell = run_sharded(key, config, cfg.timeout_s, plans.get(key.model))
+                if cell.get("plan") is not None:
+                    plans[key.model] = cell["plan"]
+            else:
+                cell = run_one(key, config, cfg.timeout_s)
             results.upsert_cell(doc, cell)
             results.save_atomic(path, doc)
             if on_cell is not None:

@@ -94,6 +94,9 @@ class RunConfig:
     atol: float = 1e-4
     rtol: float = 1e-3
     provider: str = DEFAULT_PROVIDER
+    nproc: int = 1  # > 1: each cell is one torchrun job of nproc ranks (harness/sharded, docs/sharded.md)
+    sharding: str = "auto"  # with nproc > 1: the sharding type every table is constrained to
+    pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
 
     def validate(self, check_models: bool = True) -> RunConfig:
         """Check every field; raise ValueError naming the field and the allowed values."""
@@ -113,6 +116,15 @@ class RunConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
+            raise ValueError(f"nproc: must be an integer >= 1, got {self.nproc!r}")
+        from harness.sharded.plan import SHARDINGS  # no torch import: names only
+
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding: unknown {self.sharding!r}; allowed values: {', '.join(SHARDINGS)}")
+        v = self.pg_timeout_s
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"pg_timeout_s: must be a finite number > 0, got {v!r}")
         if check_models:
             families = provider_families(self.provider)
             self.models = parse_list(self.models, "models", families) if families else list(self.models)
