@@ -12,6 +12,16 @@ with environment variables, which asv passes through to the benchmark processes:
     OPTIMUS_ASV_SCALES=tiny,small                (default: tiny)
     OPTIMUS_ASV_PHASES=infer,train               (default: infer,train)
     OPTIMUS_ASV_WIDTHS=64,256,1024               (optimizer pass benchmarks; default: 64,256)
+
+Sharded cells (``bench_sharded``, each a torchrun job of ``OPTIMUS_ASV_SHARDED_NPROC`` ranks):
+
+    OPTIMUS_ASV_SHARDED=off                      (skip them: the benchmarks show n/a)
+    OPTIMUS_ASV_SHARDED_FAMILIES=towers          (default: towers)
+    OPTIMUS_ASV_SHARDED_SCALE=tiny               (default: tiny)
+    OPTIMUS_ASV_SHARDED_PHASES=train             (default: train)
+    OPTIMUS_ASV_SHARDED_MODES=compile+optimus    (default: compile+optimus)
+    OPTIMUS_ASV_SHARDED_NPROC=2                  (default: 2)
+    OPTIMUS_ASV_SHARDED_CELLS=<results file>     (the nightly's sharded cells of this commit)
 """
 
 from __future__ import annotations
@@ -63,6 +73,36 @@ def phases() -> list[str]:
     return env_list("OPTIMUS_ASV_PHASES", KNOWN_PHASES, KNOWN_PHASES)
 
 
+def sharded_on() -> bool:
+    return os.environ.get("OPTIMUS_ASV_SHARDED", "on").strip().lower() not in ("off", "0", "no")
+
+
+def sharded_families() -> list[str]:
+    return env_list("OPTIMUS_ASV_SHARDED_FAMILIES", ("towers",), KNOWN_FAMILIES)
+
+
+def sharded_scale() -> str:
+    vals = env_list("OPTIMUS_ASV_SHARDED_SCALE", ("tiny",), KNOWN_SCALES)
+    if len(vals) != 1:
+        raise ValueError(f"OPTIMUS_ASV_SHARDED_SCALE must name one scale, got {vals}")
+    return vals[0]
+
+
+def sharded_phases() -> list[str]:
+    return env_list("OPTIMUS_ASV_SHARDED_PHASES", ("train",), KNOWN_PHASES)
+
+
+def sharded_modes() -> list[str]:
+    return env_list("OPTIMUS_ASV_SHARDED_MODES", (TARGET,))
+
+
+def sharded_nproc() -> int:
+    raw = os.environ.get("OPTIMUS_ASV_SHARDED_NPROC", "2").strip()
+    if not raw.isdigit() or int(raw) < 2:
+        raise ValueError(f"OPTIMUS_ASV_SHARDED_NPROC must be an integer >= 2, got {raw!r}")
+    return int(raw)
+
+
 def widths() -> list[int]:
     vals = env_list("OPTIMUS_ASV_WIDTHS", ("64", "256"))
     try:
@@ -94,7 +134,8 @@ def _cells_doc(path: str, commit: str | None) -> dict[str, Any]:
 
 
 def given_cells(models: Sequence[str], scales_: Sequence[str], modes: Sequence[str],
-                phases_: Sequence[str]) -> list[dict[str, Any]] | None:  # fmt: skip
+                phases_: Sequence[str], env: str = "OPTIMUS_ASV_CELLS",
+                nproc: int = 1) -> list[dict[str, Any]] | None:  # fmt: skip
     """Cells measured by ``optimus-bench nightly`` for this very commit, if it passed them on.
 
     The nightly sets ``OPTIMUS_ASV_CELLS`` to its results file so compiled cells are measured
@@ -102,7 +143,7 @@ def given_cells(models: Sequence[str], scales_: Sequence[str], modes: Sequence[s
     (``ASV_COMMIT``) from a clean tree and holds every cell of the grid; otherwise None and
     the harness runs here.
     """
-    path = os.environ.get("OPTIMUS_ASV_CELLS", "")
+    path = os.environ.get(env, "")
     if not path:
         return None
     doc = _cells_doc(path, os.environ.get("ASV_COMMIT"))
@@ -113,7 +154,7 @@ def given_cells(models: Sequence[str], scales_: Sequence[str], modes: Sequence[s
             f"asv: {path} is from {git.get('sha')} (dirty={git.get('dirty')}), not {commit}; measuring here"
         )
         return None
-    cells = list(doc.get("cells", []))
+    cells = [c for c in doc.get("cells", []) if int(c.get("nproc") or 1) == nproc]
     have = {(c.get("model"), c.get("scale"), c.get("mode"), c.get("phase")) for c in cells}
     need = {(m, s, mode, ph) for m in models for s in scales_ for mode in modes for ph in phases_}
     if not need <= have:
@@ -128,6 +169,9 @@ def run_harness_cells(
     modes: Sequence[str],
     phases_: Sequence[str],
     out_dir: Path,
+    extra_args: Sequence[str] = (),
+    cells_env: str = "OPTIMUS_ASV_CELLS",
+    nproc: int = 1,
 ) -> Path:
     """Run ``optimus-bench run`` once per scale and merge the cells into one results file.
 
@@ -138,7 +182,7 @@ def run_harness_cells(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     merged = out_dir / "cells.json"
-    given = given_cells(models, scales_, modes, phases_)
+    given = given_cells(models, scales_, modes, phases_, cells_env, nproc)
     if given is not None:
         _write_json_atomic(merged, {"cells": given})
         return merged
@@ -158,6 +202,7 @@ def run_harness_cells(
             ",".join(modes),
             "--phases",
             ",".join(phases_),
+            *extra_args,
             "--out",
             str(out),
         ]

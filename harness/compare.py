@@ -21,6 +21,7 @@ from typing import Any
 
 from harness import exit_codes, metric_registry
 from harness.results import cell_map
+from harness.spec import CellKey
 from harness.stats import bootstrap_median_ratio, mann_whitney_u
 
 INCOMPLETE_VERDICTS = ("missing", "failed", "non-finite")
@@ -118,13 +119,21 @@ def _scalar(
     return ("regression" if (diff > 0) == lower_is_better else "improvement"), change
 
 
+def cell_label(cell: dict[str, Any]) -> str:
+    """The row label of a cell: its key, plus ``[N ranks, sharding]`` for a sharded cell (so a
+    sharded cell and a single-process cell of the same key never read as one)."""
+    label = CellKey.of(cell).label()
+    n = int(cell.get("nproc") or 1)
+    return f"{label} [{n} ranks, {cell.get('sharding')}]" if n > 1 else label
+
+
 def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | None = None) -> list[Row]:
     """All comparison rows for cells of ``base`` (missing in ``new`` -> a 'missing' row)."""
     th = (th or Thresholds()).validate()
     rows: list[Row] = []
     new_cells = cell_map(new)
     for key, b in cell_map(base).items():
-        label = key.label()
+        label = cell_label(b)
         n = new_cells.get(key)
         if n is None:
             rows.append(Row(label, "status", b["status"], None, None, "missing"))
@@ -139,8 +148,6 @@ def compare_docs(base: dict[str, Any], new: dict[str, Any], th: Thresholds | Non
         if nb != nn:  # a sharded job against a single process (or other rank counts): another measurement
             rows.append(Row(label, "nproc", nb, nn, None, "not comparable"))
             continue
-        if nn > 1:
-            label += f" [{nn} ranks, {n.get('sharding')}]"
         garbled = _non_finite_figure(b, n)
         if garbled:
             rows.append(Row(label, garbled, None, None, None, "non-finite"))

@@ -63,6 +63,8 @@ HISTORY_SCHEMA = 1
 ASV_CELLS_ENV = "OPTIMUS_ASV_CELLS"
 SUITE_KEYS = ("models", "scale", "modes", "phases", "warmup", "min_iters", "max_iters", "budget_s",
               "timeout_s", "threads")  # fmt: skip
+# The optional "sharded" section: a second, small suite whose cells are torchrun jobs (docs/sharded.md).
+SHARDED_KEYS = (*SUITE_KEYS, "nproc", "sharding", "pg_timeout_s")
 # asv figures derived from the compiled harness cells: (family, scale, phase) params.
 CELL_BENCH_PREFIX = "bench_compiled."
 
@@ -84,6 +86,7 @@ class NightlyConfig:
     report_only: tuple[str, ...] = ()
     max_reruns: int = 1
     changes: ChangeConfig = field(default_factory=ChangeConfig)
+    sharded: dict[str, Any] | None = None  # the sharded suite (nproc > 1), or None
 
 
 def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -110,9 +113,15 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: top level must be an object")
-    _check_keys(doc, ("_doc", "suite", "harness", "asv", "rerun", "alert"), str(p))
+    _check_keys(doc, ("_doc", "suite", "sharded", "harness", "asv", "rerun", "alert"), str(p))
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
+    sharded = _section(doc, "sharded", p) if "sharded" in doc else None
+    if sharded is not None:
+        _check_keys(sharded, SHARDED_KEYS, f"{p}: sharded")
+        if not (isinstance(sharded.get("nproc"), int) and not isinstance(sharded["nproc"], bool)
+                and sharded["nproc"] >= 2):  # fmt: skip
+            raise ValueError(f"{p}: sharded.nproc must be an integer >= 2, got {sharded.get('nproc')!r}")
     th_doc = _section(doc, "harness", p)
     th_fields = compare.Thresholds.keys()
     _check_keys(th_doc, th_fields, f"{p}: harness")
@@ -146,12 +155,13 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         report_only=tuple(asv.get("report_only", ())),
         max_reruns=max_reruns,
         changes=config_from(_section(doc, "alert", p), f"{p}: alert"),
+        sharded=dict(sharded) if sharded is not None else None,
     )
 
 
 def run_config(suite: dict[str, Any], provider: str, device: str) -> RunConfig:
     """The harness RunConfig of the suite (validated by the harness, same errors as ``run``)."""
-    kw = {k: v for k, v in suite.items() if k in SUITE_KEYS}
+    kw = {k: v for k, v in suite.items() if k in SHARDED_KEYS}
     for name in ("models", "modes", "phases"):
         if isinstance(kw.get(name), str):
             kw[name] = kw[name].split(",")
@@ -205,7 +215,7 @@ class HarnessOutcome:
 
 
 def _only(doc: dict[str, Any], label: str) -> dict[str, Any]:
-    return {**doc, "cells": [c for c in doc["cells"] if CellKey.of(c).label() == label]}
+    return {**doc, "cells": [c for c in doc["cells"] if compare.cell_label(c) == label]}
 
 
 def _flagged(rows: Iterable[compare.Row]) -> set[tuple[str, str]]:
@@ -227,7 +237,7 @@ def confirm_regressions(
     first = _flagged(compare.compare_docs(base, new, th))
     confirmed = set(first)
     reruns: list[Rerun] = []
-    keys = {CellKey.of(c).label(): CellKey.of(c) for c in new["cells"]}
+    keys = {compare.cell_label(c): CellKey.of(c) for c in new["cells"]}
     for label in sorted({cell for cell, _ in first}):
         for attempt in range(1, max_reruns + 1):
             results.upsert_cell(new, rerun(keys[label]))
@@ -374,14 +384,32 @@ def _branch_exists(repo: Path, branch: str) -> bool:
     return proc.returncode == 0
 
 
-def asv_env(suite: dict[str, Any], cells_path: Path) -> dict[str, str]:
-    """Environment of the asv benchmarks: the nightly's grid and its measured cells."""
-    return {
+def asv_env(
+    suite: dict[str, Any],
+    cells_path: Path,
+    sharded: RunConfig | None = None,
+    sharded_path: Path | None = None,
+) -> dict[str, str]:
+    """Environment of the asv benchmarks: the nightly's grids and its measured cells (the
+    sharded benchmarks are off when the night ran no sharded suite)."""
+    env = {
         ASV_CELLS_ENV: str(cells_path.resolve()),
         "OPTIMUS_ASV_FAMILIES": ",".join(suite["models"]),
         "OPTIMUS_ASV_SCALES": str(suite["scale"]),
         "OPTIMUS_ASV_PHASES": ",".join(suite["phases"]),
+        "OPTIMUS_ASV_SHARDED": "off",
     }
+    if sharded is not None and sharded_path is not None:
+        env.update({
+            "OPTIMUS_ASV_SHARDED": "on",
+            "OPTIMUS_ASV_SHARDED_CELLS": str(sharded_path.resolve()),
+            "OPTIMUS_ASV_SHARDED_FAMILIES": ",".join(sharded.models),
+            "OPTIMUS_ASV_SHARDED_SCALE": sharded.scale,
+            "OPTIMUS_ASV_SHARDED_PHASES": ",".join(sharded.phases),
+            "OPTIMUS_ASV_SHARDED_MODES": ",".join(sharded.modes),
+            "OPTIMUS_ASV_SHARDED_NPROC": str(sharded.nproc),
+        })  # fmt: skip
+    return env
 
 
 # --------------------------------------------------------------------------- summary
@@ -477,6 +505,7 @@ def summary_markdown(
     n_cells: int,
     elapsed_s: float,
     changes_md: str = "",
+    sharded_note: str = "",
 ) -> str:
     head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
     lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
@@ -487,6 +516,8 @@ def summary_markdown(
             f"Compared with nightly {base['sha'][:10]} of {base['date']} ({n_cells} cells, {elapsed_s:.0f} s)."
         )
     lines += ["", f"Thresholds: {_fmt_cfg(cfg)}.", ""]
+    if sharded_note:
+        lines += [sharded_note, ""]
     if outcome is not None:
         n = len({c for c, _ in outcome.confirmed})
         lines.append(
@@ -540,6 +571,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="override suite.threads (torch threads per cell; 0: default)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--no-asv", action="store_true", help="skip the asv part (harness cells only)")
+    p.add_argument(
+        "--no-sharded", action="store_true", help="skip the config's sharded suite (its torchrun cells)"
+    )
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
     p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
     p.add_argument("--asv-machine", help="asv machine name (default: asv's, from ~/.asv-machine.json)")
@@ -563,10 +597,15 @@ class _Night:
     sha: str
     new_rel: str  # runs/<stamp>-<sha8>.json, relative to the store
     t0: float
+    sharded_cfg: RunConfig | None = None  # the config's sharded suite, unless skipped
 
     @property
     def new_path(self) -> Path:
         return self.store / self.new_rel
+
+    @property
+    def sharded_rel(self) -> str:
+        return self.new_rel.replace(".json", ".sharded.json")
 
     @property
     def asv_log(self) -> str:
@@ -595,11 +634,16 @@ def main_from_args(args: argparse.Namespace) -> int:
     new = run_suite(night.run_cfg, night.new_path, progress=not args.no_progress)
     base_entry, base_doc = _base(night)
     outcome = _confirm(night, base_doc, new, run_one)
+    sharded = _sharded_step(night, base_entry)
+    outcome = _joined(outcome, sharded.outcome)
     asv = _asv_step(night, base_entry, new, run_one)
     flagged_now = sorted(outcome.confirmed) if outcome is not None else []
     cp = change_points(night.store / HISTORY_FILE, new, night.sha, flagged_now, night.cfg.changes, night.log)
-    status = _status(outcome, base_doc, new, asv, cp)
-    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now)
+    uncompared = [new] if base_doc is None else []
+    if sharded.doc is not None and sharded.outcome is None:
+        uncompared.append(sharded.doc)
+    status = _status(outcome, base_doc, uncompared, asv, cp)
+    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded)
     rc = {
         "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
         "incomplete": exit_codes.INCOMPLETE,
@@ -631,9 +675,16 @@ def _prepare(args: argparse.Namespace) -> _Night:
     git = git_info()
     sha = git["sha"] or "unknown"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    new_rel, n = f"runs/{stamp}-{sha[:8]}.json", 1
+    while (store / new_rel).exists():  # two nights in one second must not share a file
+        n += 1
+        new_rel = f"runs/{stamp}-{sha[:8]}-{n}.json"
+    sharded_cfg = None
+    if cfg.sharded is not None and not args.no_sharded:
+        sharded_cfg = run_config(cfg.sharded, args.provider, resolve_device(args.device))
     return _Night(
-        args, cfg, suite, run_cfg, store, history, given_base, git, sha, f"runs/{stamp}-{sha[:8]}.json", t0
-    )
+        args, cfg, suite, run_cfg, store, history, given_base, git, sha, new_rel, t0, sharded_cfg,
+    )  # fmt: skip
 
 
 def _base(night: _Night) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -666,6 +717,54 @@ def _confirm(
     return outcome
 
 
+@dataclass
+class _ShardedOutcome:
+    doc: dict[str, Any] | None = None  # tonight's sharded cells (None: not run)
+    outcome: HarnessOutcome | None = None  # against the base night's sharded cells, if it has them
+    note: str = ""
+
+
+def _sharded_step(night: _Night, base_entry: dict[str, Any] | None) -> _ShardedOutcome:
+    """The sharded suite: its cells (torchrun jobs, ``harness.sharded``) in their own results
+    file beside the night's, compared with the base night's sharded file, flagged cells
+    re-measured as the single-process ones are. A base without one: recorded, not compared."""
+    cfg = night.sharded_cfg
+    if cfg is None:
+        return _ShardedOutcome()
+    from harness.runner import run_suite
+    from harness.sharded.launch import run_sharded
+
+    path = night.store / night.sharded_rel
+    night.log(f"measuring {len(cfg.cells())} sharded cell(s) ({cfg.nproc} ranks, {cfg.sharding}) into {path}")
+    doc = run_suite(cfg, path, progress=not night.args.no_progress)
+    rel = (base_entry or {}).get("sharded_results")
+    if base_entry is None:
+        return _ShardedOutcome(doc, None, "")
+    if not rel or not (night.store / rel).exists():
+        note = f"Sharded cells ({len(doc['cells'])}): recorded; the base night has none to compare with."
+        return _ShardedOutcome(doc, None, note)
+    base = results.load(night.store / rel)
+    cell_cfg = dict(doc["config"])
+    plans = {c["model"]: c.get("plan") for c in doc["cells"] if c.get("plan") is not None}
+
+    def rerun(key: CellKey) -> dict[str, Any]:
+        night.log(f"re-measuring flagged sharded cell {key.label()}")
+        return run_sharded(key, cell_cfg, cfg.timeout_s, plans.get(key.model))
+
+    outcome = confirm_regressions(base, doc, night.cfg.thresholds, rerun, night.cfg.max_reruns)
+    results.save_atomic(path, doc)
+    note = f"Sharded cells ({len(doc['cells'])}, {cfg.nproc} ranks): compared with `{rel}`."
+    return _ShardedOutcome(doc, outcome, note)
+
+
+def _joined(a: HarnessOutcome | None, b: HarnessOutcome | None) -> HarnessOutcome | None:
+    """One outcome of the single-process and the sharded comparisons (their labels differ)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return HarnessOutcome(a.rows + b.rows, a.first_flagged | b.first_flagged, a.confirmed | b.confirmed,
+                          a.reruns + b.reruns)  # fmt: skip
+
+
 def _asv_step(
     night: _Night,
     base_entry: dict[str, Any] | None,
@@ -695,6 +794,8 @@ def _asv_step(
             Path(args.asv_config),
             args.asv_machine,
             night.store / night.asv_log,
+            night.sharded_cfg,
+            night.store / night.sharded_rel,
         )
     except (RuntimeError, OSError) as e:  # record the night; it is not a pass
         out.failed = True
@@ -707,14 +808,17 @@ def _asv_step(
 def _status(
     outcome: HarnessOutcome | None,
     base_doc: dict[str, Any] | None,
-    new: dict[str, Any],
+    uncompared: list[dict[str, Any]],
     asv: _AsvOutcome,
     cp: ChangePoints,
 ) -> str:
-    """The night's verdict: incomplete, regression, flagged, error, baseline or pass."""
+    """The night's verdict: incomplete, regression, flagged, error, baseline or pass.
+
+    ``uncompared``: tonight's results that had no base (the first night's cells, sharded cells
+    of a base night without any): nothing to compare, but a failed cell there is no pass."""
     lost = [] if outcome is None else compare.incomplete(outcome.rows)
-    if base_doc is None:  # the first night: nothing to compare, but a failed cell is no baseline
-        lost = [r for r in compare.compare_docs(new, new) if r.verdict in compare.INCOMPLETE_VERDICTS]
+    for d in uncompared:
+        lost += [r for r in compare.compare_docs(d, d) if r.verdict in compare.INCOMPLETE_VERDICTS]
     confirmed_regressions = {
         (r.cell, r.metric) for r in (outcome.rows if outcome else []) if r.verdict == "regression"
     }
@@ -746,6 +850,7 @@ def _record(
     cp: ChangePoints,
     status: str,
     flagged_now: list[tuple[str, str]],
+    sharded: _ShardedOutcome,
 ) -> None:
     """Write the summary, the history entry and the night's history line; print the summary."""
     store, git = night.store, night.git
@@ -758,9 +863,10 @@ def _record(
         asv_rows=asv.rows,
         asv_note=asv.note,
         status=status,
-        n_cells=len(new["cells"]),
+        n_cells=len(new["cells"]) + len((sharded.doc or {}).get("cells", [])),
         elapsed_s=time.perf_counter() - night.t0,
         changes_md=cp.markdown,
+        sharded_note=sharded.note,
     )
     summary_rel = night.new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
@@ -776,6 +882,8 @@ def _record(
         "base_results": base_entry["results"] if base_entry else None,
         "asv": asv.ran and not asv.failed,
     }
+    if sharded.doc is not None:
+        entry["sharded_results"] = night.sharded_rel
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
     write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")
@@ -830,11 +938,13 @@ def _asv_part(
     conf: Path,
     machine: str | None,
     logfile: Path,
+    sharded: RunConfig | None = None,
+    sharded_path: Path | None = None,
 ) -> tuple[list[AsvRow] | None, str, bool]:
     """Run the asv suite on ``sha`` fed with the nightly's cells; compare with the base commit."""
     asv = Asv(conf, log, machine, logfile)
     asv.ensure_machine()
-    env = asv_env(suite, new_path)
+    env = asv_env(suite, new_path, sharded, sharded_path)
     asv.run(sha, cfg.asv_bench, cfg.asv_quick, env)
     if base_entry is None:
         return None, "asv figures recorded for this commit; no base to compare with.", False

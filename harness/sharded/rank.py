@@ -4,7 +4,8 @@ Order inside a rank: join the process group (with a timeout, so no rank waits fo
 dead peer), build the model (seeded: every rank and the reference build the same weights),
 keep an unsharded eager copy as the single-process reference, take this rank's share of
 every batch, prepare the mode on the dense arch (before DistributedModelParallel wraps it, so
-DDP all-reduces the parameters the mode really runs, Optimus's re-laid-out ones included),
+DDP all-reduces the parameters the mode really runs; in training without the re-layout, which
+DDP cannot reduce: harness.modes.data_parallel_training),
 shard the tables with the parent's plan and load the reference's table weights into the
 shards, then: the first call (compile time), the parity steps against the reference (outputs
 of every step; in training the updated tables and dense parameters), warm-up, timed steps
@@ -156,7 +157,11 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
 
     progress.set("prepare")
     example = cell.example_inputs(b, local)
-    prepared = modes.prepare(key.mode, module.dense, example)
+    if train:  # DDP reduces the leaves it sees: no re-layout under it (modes.data_parallel_training)
+        with modes.data_parallel_training():
+            prepared = modes.prepare(key.mode, module.dense, example)
+    else:
+        prepared = modes.prepare(key.mode, module.dense, example)
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     mode = mode_registry.get(key.mode)

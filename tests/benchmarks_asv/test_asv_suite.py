@@ -179,3 +179,55 @@ def test_optimizer_benchmark_graph_grows_with_branches_and_is_optimized() -> Non
     b.setup(2)
     b.time_optimize(2)
     assert b.track_nodes_after(2) > 0
+
+
+@pytest.fixture
+def given_sharded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    ranks = [{"rank": 0, "latency_ms": {"median": 4.0}}, {"rank": 1, "latency_ms": {"median": 5.0}}]
+    cell = harness_cell(
+        "towers", "compile+optimus", "train", 5.5, 3 * 2**20, nproc=2, sharding="auto", ranks=ranks
+    )
+    path = tmp_path / "night.sharded.json"
+    path.write_text(json.dumps({"env": {"git": {"sha": SHA, "dirty": False}}, "cells": [cell]}))
+    monkeypatch.setenv("OPTIMUS_ASV_SHARDED_CELLS", str(path))
+    monkeypatch.setenv("ASV_COMMIT", SHA)
+    monkeypatch.chdir(tmp_path)
+    from benchmarks import bench_sharded
+
+    return Path(bench_sharded.sharded_cells())
+
+
+def test_sharded_figures_are_read_from_the_cells(given_sharded: Path) -> None:
+    from benchmarks import bench_sharded
+
+    args = (str(given_sharded), "towers", "train", "compile+optimus")
+    b = bench_sharded.ShardedCells()
+    b.setup(*args)
+    assert b.track_slowest_rank_ms(*args) == 5.5
+    assert b.track_rank_imbalance(*args) == pytest.approx(5.0 / 4.0)
+    assert b.track_peak_mem_mb(*args) == 3.0
+    assert b.track_compile_s(*args) == 12.5
+
+
+def test_sharded_cells_need_the_rank_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    single = harness_cell("towers", "compile+optimus", "train", 9.0, 2**20)  # nproc 1: not a sharded cell
+    path = tmp_path / "night.json"
+    path.write_text(json.dumps({"env": {"git": {"sha": SHA, "dirty": False}}, "cells": [single]}))
+    monkeypatch.setenv("OPTIMUS_ASV_SHARDED_CELLS", str(path))
+    monkeypatch.setenv("ASV_COMMIT", SHA)
+    got = common.given_cells(
+        ["towers"], ["tiny"], ["compile+optimus"], ["train"], "OPTIMUS_ASV_SHARDED_CELLS", 2
+    )
+    assert got is None
+
+
+def test_sharded_off_is_not_applicable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import bench_sharded
+
+    monkeypatch.setenv("OPTIMUS_ASV_SHARDED", "off")
+    assert bench_sharded.sharded_cells() == ""
+    with pytest.raises(NotImplementedError, match="OPTIMUS_ASV_SHARDED=off"):
+        bench_sharded.ShardedCells().setup("", "towers", "train", "compile+optimus")
+    monkeypatch.setenv("OPTIMUS_ASV_SHARDED_NPROC", "1")
+    with pytest.raises(ValueError, match="OPTIMUS_ASV_SHARDED_NPROC must be an integer >= 2"):
+        common.sharded_nproc()

@@ -49,6 +49,7 @@ def test_cpu_dry_run_writes_a_results_file_its_report_and_a_log(tmp_path: Path) 
     log = (out / "gpu-run.log").read_text()
     assert "4/4 cells [" in log and "towers/tiny/eager+optimus/train: ok" in log  # one line per cell
     assert "\r" not in log  # no progress-bar redraws in a log
+    assert "gpu-run: sharded NCCL cell skipped: --device cpu: the 2-rank NCCL cell runs on CUDA only" in log
     assert "exit 0" in run.stdout.splitlines()[-1]
 
 
@@ -95,15 +96,21 @@ def test_defaults_cover_every_family_mode_and_phase(tmp_path: Path) -> None:
 
     argv_file = tmp_path / "argv"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {argv_file}\n')
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" --END-- >> {argv_file}\n')
     fake.chmod(0o755)
     env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out")}
     run = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
-    argv = argv_file.read_text().splitlines()
+    calls = [c.strip("\n").splitlines() for c in argv_file.read_text().split("--END--\n") if c.strip()]
+    argv = calls[0]
     assert argv[:3] == ["-m", "harness.cli", "run"]  # no results file: no report afterwards
     args = cli.build_parser().parse_args(argv[2:])
     assert args.provider == "models.dense_only:build" and args.device == "cuda" and args.scale == "tiny"
     assert sorted(args.models.split(",")) == sorted(models.FAMILIES)
     assert args.modes.split(",") == list(mode_registry.names()) and args.phases == "infer,train"
     assert args.out == str(tmp_path / "out" / "gpu-run.json")
+    # then the sharded check (python - cuda), which the stand-in passes, so the 2-rank NCCL run follows
+    assert calls[1] == ["-", "cuda"] and len(calls) == 3
+    sharded = cli.build_parser().parse_args(calls[2][2:])
+    assert sharded.nproc == 2 and sharded.device == "cuda" and sharded.phases == "train"
+    assert sharded.out == str(tmp_path / "out" / "gpu-run-sharded.json")

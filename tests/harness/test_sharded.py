@@ -114,10 +114,15 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
 def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
     tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ok = _run(tmp_path, _cfg(sharding="data_parallel", phases=["train"]), "dp.json")["cells"][0]
+    # dcn's dense arch under eager+optimus: with the re-layout DDP reduced the stacked parameter,
+    # not its members, and the ranks drifted (outputs off by 1.6e-3 after one step); training
+    # under DDP stacks per call instead (harness.modes.data_parallel_training)
+    cfg = _cfg(models=["dcn"], modes=["eager+optimus"], sharding="data_parallel", phases=["train"])
+    ok = _run(tmp_path, cfg, "dp.json")["cells"][0]
     assert ok["status"] == "ok", ok.get("error")
+    assert ok["optimus_layout"] == "RuntimeStack"
     assert all(s["replica"] for r in ok["ranks"] for s in r["shard"])  # every rank holds every table
-    assert ok["parity"]["max_param_err"] <= 1e-4
+    assert ok["parity"]["max_param_err"] <= 1e-4 and ok["parity"]["max_out_err"] <= 1e-4
 
     monkeypatch.setenv(planmod.FAULT_ENV, "skew:rank1")
     skewed = _run(tmp_path, _cfg(phases=["infer"]), "skew.json")

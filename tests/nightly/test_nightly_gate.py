@@ -14,7 +14,7 @@ import pytest
 from harness import cli, exit_codes, nightly, results, runner
 from tests.harness import synthetic
 
-ARGV = ["nightly", "--models", "towers", "--modes", "compile", "--phases", "infer", "--no-asv",
+ARGV = ["nightly", "--models", "towers", "--modes", "compile", "--phases", "infer", "--no-asv", "--no-sharded",
         "--no-progress"]  # fmt: skip
 
 
