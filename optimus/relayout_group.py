@@ -228,6 +228,29 @@ def still_views(group: _Group) -> bool:
     return list(map(_DATA_PTR, group.members)) == group.member_ptrs  # C-level loops: G is large
 
 
+_WARNED_DISTRIBUTED = [False]
+
+
+def _warn_if_distributed() -> None:
+    """Once per process, in a backward of a re-laid-out group with a process group of 2+ ranks:
+    DistributedDataParallel reduces gradients from hooks on each parameter's gradient
+    accumulator, and a member is not in the autograd graph (the stacked parameter is), so its
+    gradient stays rank-local and the ranks drift apart (docs/optimus.md, the parameter table)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        _WARNED_DISTRIBUTED[0] = True
+        warnings.warn(
+            "optimus re-layout under torch.distributed (world size "
+            f"{dist.get_world_size()}): DistributedDataParallel does not all-reduce re-laid-out "
+            "parameters' gradients; use the default RuntimeStack layout for data-parallel training",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 _DATA_PTR = torch.Tensor.data_ptr
 _GRAD = operator.attrgetter("grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -318,6 +341,8 @@ def install_grad_hooks(group: _Group) -> None:
         g = ref()
         if g is None:
             return grad
+        if not _WARNED_DISTRIBUTED[0]:
+            _warn_if_distributed()
         w = g.stacked
         checked, g.checked = g.checked, False
         # members replaced after the per-call check (eager: between the forward and this backward)
