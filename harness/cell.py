@@ -170,6 +170,25 @@ def dynamo_counts() -> dict[str, int]:
     return {"graphs": graphs, "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
+def limit_references() -> dict[str, str]:
+    from harness.limit import REFERENCES
+
+    return REFERENCES
+
+
+def measure_limit(
+    dense: Any, example: tuple[Any, ...], median_ms: float, train: bool, compiled: bool, device: str
+) -> dict[str, Any]:
+    """The cell's ``limit`` (``harness.limit``), measured after everything else the cell measures
+    (its compiles must not count as this cell's recompiles); a failure is recorded, not raised."""
+    from harness import limit
+
+    try:
+        return limit.measure_cell(dense, example, median_ms, train=train, compiled=compiled, device=device)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "ideal_ms": None}
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
     cfg = spec["config"]
@@ -200,7 +219,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
     example = example_inputs(b, batches)
     original = dict(module.named_parameters())
-    prepared = modes.prepare(key.mode, module.dense, example)
+    dense = module.dense  # as built: what the limit's groups are found in (--limit)
+    prepared = modes.prepare(key.mode, dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 
@@ -273,6 +293,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         cell["graph_breaks"] = counts["graph_breaks"]
     else:
         cell["recompiles"] = 0
+    if cfg.get("limit") and key.mode in limit_references():
+        cell["limit"] = measure_limit(dense, example, cell["latency_ms"]["median"], train, compiled, device)
     if mismatch:
         cell["status"] = "mismatch"
         cell["error"] = "; ".join(mismatch)
