@@ -84,9 +84,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--limit", action="store_true",
-                   help="the compile and eager cells also measure the limit: the ideal step time of their fusable "
-                        "groups batched (harness/limit.py, docs/harness.md 'The limit'; about two extra compiles "
-                        "per compile cell)")  # fmt: skip
+                   help="the compile cells also measure the limit: the ideal step time with their fusable groups "
+                        "as ideal batched kernels (harness/limit.py, docs/harness.md 'The limit'; three extra "
+                        "compiles per compile cell)")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
                         "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip

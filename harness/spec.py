@@ -97,7 +97,7 @@ class RunConfig:
     nproc: int = 1  # > 1: each cell is one torchrun job of nproc ranks (harness/sharded, docs/sharded.md)
     sharding: str = "auto"  # with nproc > 1: the sharding type every table is constrained to
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
-    limit: bool = False  # the compile and eager cells also measure the limit (harness/limit.py)
+    limit: bool = False  # the compile cells also measure the limit (harness/limit.py)
 
     def validate(self, check_models: bool = True) -> RunConfig:
         """Check every field; raise ValueError naming the field and the allowed values."""

@@ -42,7 +42,7 @@ class FakeTimer:
 
     def __call__(self, steps: dict[str, object]) -> dict[str, float]:
         self.calls += 1
-        assert set(steps) == {"separate", "batched"}
+        assert set(steps) == {"whole", "cut", "batched"}
         for s in steps.values():
             s()  # type: ignore[operator]
         return dict(self.ms)
@@ -50,18 +50,18 @@ class FakeTimer:
 
 # -- formulas -----------------------------------------------------------------------------------
 def test_derive_subtracts_the_saving_of_batching() -> None:
-    d = limit.derive(reference_ms=10.0, separate_ms=4.0, batched_ms=1.0)
+    d = limit.derive(reference_ms=10.0, members_ms=4.0, batched_ms=1.0)
     assert d["ideal_ms"] == pytest.approx(7.0) and d["saving_ms"] == pytest.approx(3.0)
     assert d["ideal_speedup"] == pytest.approx(10.0 / 7.0) and not d["clamped"]
 
 
 def test_derive_never_prices_a_group_slower_than_separate() -> None:
-    d = limit.derive(reference_ms=10.0, separate_ms=1.0, batched_ms=2.0)  # batching would slow it
+    d = limit.derive(reference_ms=10.0, members_ms=1.0, batched_ms=2.0)  # batching would slow it
     assert d["ideal_ms"] == 10.0 and d["saving_ms"] == 0.0 and d["ideal_speedup"] == 1.0
 
 
 def test_derive_floors_at_the_batched_kernels_when_noise_overshoots() -> None:
-    d = limit.derive(reference_ms=3.0, separate_ms=5.0, batched_ms=1.0)  # standalone slower than the model
+    d = limit.derive(reference_ms=3.0, members_ms=5.0, batched_ms=1.0)  # standalone slower than the model
     assert d["ideal_ms"] == 1.0 and d["clamped"]
 
 
@@ -106,7 +106,37 @@ def test_layer_norm_and_pointwise_groups_are_found() -> None:
     assert all(len(g.members) == G for g in plan.groups)
 
 
-# -- the two programs --------------------------------------------------------------------------
+# -- the programs ------------------------------------------------------------------------------
+def _linears(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is torch.nn.functional.linear)
+
+
+def test_cut_program_is_the_graph_without_its_members() -> None:
+    """Known by construction: the one-group model minus its group is the unbind alone."""
+    model, example = one_group()
+    plan = plan_of(model, example)
+    whole, cut, cut_nodes = limit.context_programs(plan)
+    assert _linears(whole) == G and _linears(cut) == 0 and len(cut_nodes) == G
+    ph = [n for n in cut.graph.nodes if n.op == "placeholder"]
+    assert len(ph) == 1 + G  # the input, then one per member output
+    (x,) = example
+    outs = whole(x)
+    cut_outs = cut(x, *outs[:G])
+    assert len(outs) == len(cut_outs)  # the same outputs: the model's and the members' inputs
+    for a, b in zip(outs, cut_outs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_cut_program_keeps_what_feeds_a_member_alive() -> None:
+    torch.manual_seed(0)
+    model = Towers(G, K, N, slices="unbind", body=("linear", "norm", "tanh"), join="tuple")
+    plan = plan_of(model, (torch.randn(G, B, K),))
+    _, cut, cut_nodes = limit.context_programs(plan)
+    assert len(cut_nodes) == 3 * G and _linears(cut) == 0
+    assert not any(n.target is torch.tanh for n in cut.graph.nodes)
+    assert [n.op for n in cut.graph.nodes].count("output") == 1
+
+
 def test_batched_program_computes_what_the_separate_ops_compute() -> None:
     """The ideal kernel is the same arithmetic on stacked tensors (so the right work is timed)."""
     torch.manual_seed(0)
@@ -140,12 +170,14 @@ def test_batched_program_computes_what_the_separate_ops_compute() -> None:
 
 @pytest.mark.parametrize("train", [False, True])
 def test_measure_with_injected_timings(train: bool) -> None:
-    plan = plan_of(*one_group(), train=train)
-    timer = FakeTimer({"separate": 0.4, "batched": 0.1})
-    rec = limit.measure(plan, 0.5, train=train, compiled=False, timer=timer)
+    model, example = one_group()
+    plan = plan_of(model, example, train=train)
+    timer = FakeTimer({"whole": 0.45, "cut": 0.05, "batched": 0.1})
+    rec = limit.measure(plan, 0.5, example, train=train, compiled=False, timer=timer)
     assert timer.calls == 1
     assert rec["groups"] == 1 and rec["members"] == G and rec["kinds"] == {"linear": 1}
-    assert rec["separate_ms"] == 0.4 and rec["batched_ms"] == 0.1
+    assert rec["members_ms"] == pytest.approx(0.4) and rec["batched_ms"] == 0.1
+    assert rec["untouched_ms"] == pytest.approx(0.1)
     assert rec["ideal_ms"] == pytest.approx(0.5 - 0.4 + 0.1)  # the untouched remainder + the kernel
     assert rec["ideal_speedup"] == pytest.approx(0.5 / 0.2)
     assert rec["method"].endswith("fwd+bwd") == train
@@ -154,19 +186,21 @@ def test_measure_with_injected_timings(train: bool) -> None:
 def test_no_group_means_ideal_is_the_reference() -> None:
     plan = plan_of(*no_group())
     timer = FakeTimer({})
-    rec = limit.measure(plan, 0.7, train=False, compiled=True, timer=timer)
+    rec = limit.measure(plan, 0.7, (), train=False, compiled=True, timer=timer)
     assert timer.calls == 0  # nothing to time, nothing compiled
     assert rec["ideal_ms"] == 0.7 and rec["ideal_speedup"] == 1.0 and rec["groups"] == 0
     assert limit.captured(0.7, 0.6, rec["ideal_ms"]) is None
 
 
-def test_one_group_model_measured_for_real_keeps_the_identities() -> None:
+@pytest.mark.parametrize("train", [False, True])
+def test_one_group_model_measured_for_real_keeps_the_identities(train: bool) -> None:
     """Real (eager) timing, structural checks only: the figures satisfy the formula exactly."""
     model, example = one_group()
-    plan = plan_of(model, example)
-    rec = limit.measure(plan, 1.0, train=False, compiled=False)
-    assert rec["separate_ms"] > 0 and rec["batched_ms"] > 0
-    expect = max(1.0 - max(0.0, rec["separate_ms"] - rec["batched_ms"]), min(rec["batched_ms"], 1.0))
+    plan = plan_of(model, example, train=train)
+    rec = limit.measure(plan, 1.0, example, train=train, compiled=False)
+    assert rec["whole_ms"] > 0 and rec["cut_ms"] > 0 and rec["batched_ms"] > 0
+    assert rec["members_ms"] == pytest.approx(rec["whole_ms"] - rec["cut_ms"])
+    expect = max(1.0 - max(0.0, rec["members_ms"] - rec["batched_ms"]), min(rec["batched_ms"], 1.0))
     assert rec["ideal_ms"] == pytest.approx(expect)
     assert rec["ideal_ms"] <= 1.0
 
@@ -228,22 +262,25 @@ def test_failed_limit_is_not_shown() -> None:
 
 
 # -- in a cell ---------------------------------------------------------------------------------
-def test_eager_cell_records_its_limit() -> None:
-    """The harness's own towers model at tiny, eager (no compile): the cell carries ``limit``."""
-    from harness.cell import run_cell
-    from harness.spec import RunConfig
+@pytest.mark.parametrize("phase", ["infer", "train"])
+def test_measure_cell_on_the_towers_family(phase: str) -> None:
+    """The harness's own towers model at tiny, eager programs (no compile): groups of every kind."""
+    import models
+    from harness.cell import input_requires_grad
 
-    cfg = RunConfig(["towers"], "tiny", ["eager"], ["infer"], warmup=1, min_iters=2, max_iters=3,
-                    budget_s=0.05, limit=True).validate()  # fmt: skip
-    cell = run_cell(
-        {"model": "towers", "scale": "tiny", "mode": "eager", "phase": "infer", "config": cfg.as_dict()}
-    )
-    assert cell["status"] == "ok", cell.get("error")
-    lim = cell["limit"]
-    assert "error" not in lim, lim.get("error")
+    train = phase == "train"
+    b = models.build("towers", scale="tiny", device="cpu", seed=0)
+    b.module.train(train)
+    batches = list(b.batches)
+    example = tuple(t.detach() for t in b.dense_inputs(batches[0]))
+    grads = input_requires_grad(b.module, batches[0]) if train else None
+    assert grads is None or grads == [False, True]  # (dense features, pooled embeddings)
+    lim = limit.measure_cell(b.module.dense, example, 1.0, train=train, compiled=False, device="cpu",
+                             input_grads=grads)  # fmt: skip
     assert lim["groups"] > 0 and lim["members"] >= 2 * lim["groups"]
-    assert lim["reference_ms"] == cell["latency_ms"]["median"]
-    assert lim["method"] == "standalone groups, eager"
+    assert set(lim["kinds"]) >= {"linear", "layer_norm", "unary"}
+    assert lim["members_ms"] == pytest.approx(lim["whole_ms"] - lim["cut_ms"])
+    assert lim["method"].startswith("members in context") and lim["method"].endswith("fwd+bwd") == train
 
 
 def test_limit_must_be_a_bool() -> None:
@@ -265,5 +302,8 @@ def test_compile_cell_records_its_limit() -> None:
                     budget_s=0.05, limit=True).validate()  # fmt: skip
     cell = run_one(CellKey("towers", "tiny", "compile", "infer"), cfg.as_dict(), cfg.timeout_s)
     assert cell["status"] == "ok", cell.get("error")
-    assert cell["limit"]["method"] == "standalone groups, Inductor" and cell["limit"]["groups"] > 0
+    lim = cell["limit"]
+    assert "error" not in lim, lim.get("error")
+    assert lim["method"] == "members in context (whole - cut graph), Inductor" and lim["groups"] > 0
+    assert lim["reference_ms"] == cell["latency_ms"]["median"]
     assert cell["recompiles"] == 0  # the limit's compiles come after the cell's own counts
