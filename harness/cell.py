@@ -170,6 +170,65 @@ def dynamo_counts() -> dict[str, int]:
     return {"graphs": graphs, "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
+def limit_references() -> dict[str, str]:
+    from harness.limit import REFERENCES
+
+    return REFERENCES
+
+
+class _StopAtDense(Exception):
+    pass
+
+
+def input_requires_grad(module: Any, batch: Any) -> list[bool] | None:
+    """Which inputs of ``module.dense`` require grad in a training step (the pooled embeddings
+    do; ``dense_inputs`` hands them over detached): one forward of the model as far as the dense
+    arch, with a probe in its place. None when the model does not reach its dense arch."""
+    import torch
+    from torch import nn
+
+    flags: list[bool] = []
+
+    class Probe(nn.Module):
+        def forward(self, *args: Any) -> Any:
+            flags.extend(bool(getattr(a, "requires_grad", False)) for a in args)
+            raise _StopAtDense
+
+    saved = module.dense
+    module.dense = Probe()
+    try:
+        with torch.enable_grad():
+            module(*batch.inputs)
+    except _StopAtDense:
+        return flags
+    except Exception:
+        return None
+    finally:
+        module.dense = saved
+    return None
+
+
+def measure_limit(
+    dense: Any,
+    example: tuple[Any, ...],
+    median_ms: float,
+    train: bool,
+    compiled: bool,
+    device: str,
+    input_grads: list[bool] | None = None,
+) -> dict[str, Any]:
+    """The cell's ``limit`` (``harness.limit``), measured after everything else the cell measures
+    (its compiles must not count as this cell's recompiles); a failure is recorded, not raised."""
+    from harness import limit
+
+    try:
+        return limit.measure_cell(
+            dense, example, median_ms, train=train, compiled=compiled, device=device, input_grads=input_grads
+        )
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "ideal_ms": None}
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
     cfg = spec["config"]
@@ -200,7 +259,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
     example = example_inputs(b, batches)
     original = dict(module.named_parameters())
-    prepared = modes.prepare(key.mode, module.dense, example)
+    dense = module.dense  # as built: what the limit's groups are found in (--limit)
+    prepared = modes.prepare(key.mode, dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 
@@ -273,6 +333,11 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         cell["graph_breaks"] = counts["graph_breaks"]
     else:
         cell["recompiles"] = 0
+    if cfg.get("limit") and key.mode in limit_references():
+        grads = input_requires_grad(module, batches[0]) if train else None
+        cell["limit"] = measure_limit(
+            dense, example, cell["latency_ms"]["median"], train, compiled, device, grads
+        )
     if mismatch:
         cell["status"] = "mismatch"
         cell["error"] = "; ".join(mismatch)

@@ -83,6 +83,10 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
         "--retry-failed", action="store_true", help="with --resume: rerun failed and timed-out cells"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--limit", action="store_true",
+                   help="the compile cells also measure the limit: the ideal step time with their fusable groups "
+                        "as ideal batched kernels (harness/limit.py, docs/harness.md 'The limit'; three extra "
+                        "compiles per compile cell)")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
                         "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip
@@ -264,6 +268,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         nproc=getattr(args, "nproc", 1),
         sharding=getattr(args, "sharding", "auto"),
         pg_timeout_s=getattr(args, "pg_timeout_s", 120.0),
+        limit=bool(getattr(args, "limit", False)),
     ).validate()
 
 

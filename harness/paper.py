@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from harness import limit
 from harness.mode_registry import BASELINES, EAGER_TARGET, REFERENCE, TARGET
 from harness.results import cell_map
 from harness.spec import CellKey
@@ -84,6 +85,7 @@ def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             row["compile_change_pct"] = _pct(c["compile_s"], t["compile_s"])
         else:
             row["compile_s"] = row["compile_change_s"] = row["compile_change_pct"] = None
+        row["limit"] = limit.summary(c, t)  # the ideal time of compile's groups batched (--limit)
         eo, e = get[EAGER_TARGET], get[REFERENCE]
         row["eager speedup"] = speedup(e, eo) if eo and e and eo["status"] == e["status"] == "ok" else None
         rows.append(row)
@@ -103,11 +105,15 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def format_paper_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: per model and phase, compile+optimus against compile and compile+peer."""
+    """Markdown: per model and phase, compile+optimus against compile and compile+peer (and, when
+    the compile cells measured it, the limit: ideal speedup over compile and the headroom captured)."""
+    with_limit = any(r.get("limit") for r in rows)
     lines = [
         f"| model | scale | phase | {BASELINES[0]} ms | {BASELINES[1]} ms | {TARGET} ms | speedup vs {BASELINES[0]} (95% CI) "
-        f"| speedup vs {BASELINES[1]} (95% CI) | peak mem change | compile time {BASELINES[0]} -> optimus | compile time change |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| speedup vs {BASELINES[1]} (95% CI) | peak mem change | compile time {BASELINES[0]} -> optimus | compile time change |"
+        + (f" ideal speedup vs {BASELINES[0]} | headroom captured |" if with_limit else ""),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        + (" --- | --- |" if with_limit else ""),
     ]
     for r in rows:
 
@@ -129,6 +135,7 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['model']} | {r['scale']} | {r['phase']} | {ms(BASELINES[0])} | {ms(BASELINES[1])} | {ms(TARGET)} "
             f"| {_sp(r['vs ' + BASELINES[0]])} | {_sp(r['vs ' + BASELINES[1]])} | {mem} | {ctime} | {cchange} |"
+            + (f" {_limit_text(r.get('limit'))} |" if with_limit else "")
         )
     lines.append("")
     lines.append(headline(rows))
@@ -139,8 +146,28 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
         "median(compile+optimus), 95% bootstrap interval in brackets; a cell that failed or did not match "
         "eager shows its status instead. Compile time: first call with the FX graph and other compile "
         "caches off, minus one steady-state step."
+        + (
+            " Ideal speedup: compile's step time over the limit (its fusable groups as one ideal batched "
+            "kernel each, pre-stacked weights); headroom captured: (compile - compile+optimus) / "
+            "(compile - ideal) (docs/harness.md, 'The limit')."
+            if with_limit
+            else ""
+        )
     )
     return "\n".join(lines)
+
+
+def _limit_text(lim: dict[str, Any] | None) -> str:
+    """'ideal speedup | captured' cells of one row."""
+    if not lim:
+        return "- | -"
+    ideal = "-" if lim.get("ideal_speedup") is None else f"{lim['ideal_speedup']:.2f}x"
+    cap = lim.get("captured")
+    if cap is None:
+        cap_text = "- (no headroom)" if lim.get("target_ms") is not None else "-"
+    else:
+        cap_text = f"{cap:.0%}"
+    return f"{ideal} | {cap_text}"
 
 
 def headline(rows: list[dict[str, Any]]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import metric_registry, mode_registry, paper, plots
+from harness import limit, metric_registry, mode_registry, paper, plots
 from harness.results import cell_map
 from harness.spec import PHASES, CellKey
 
@@ -100,8 +100,10 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     from harness.sharded.report import section as sharded_section
 
     sharded = sharded_section(doc)
+    limit_table = limit.format_table(doc)
     parts += [
         *([sharded] if sharded else []),
+        *(["## The limit: an ideal rewrite on this device\n", limit_table, ""] if limit_table else []),
         "## Per mode\n",
         *metric_grids(doc),
         grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),

@@ -97,6 +97,7 @@ class RunConfig:
     nproc: int = 1  # > 1: each cell is one torchrun job of nproc ranks (harness/sharded, docs/sharded.md)
     sharding: str = "auto"  # with nproc > 1: the sharding type every table is constrained to
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
+    limit: bool = False  # the compile cells also measure the limit (harness/limit.py)
 
     def validate(self, check_models: bool = True) -> RunConfig:
         """Check every field; raise ValueError naming the field and the allowed values."""
@@ -125,6 +126,8 @@ class RunConfig:
         v = self.pg_timeout_s
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"pg_timeout_s: must be a finite number > 0, got {v!r}")
+        if not isinstance(self.limit, bool):
+            raise ValueError(f"limit: must be true or false, got {self.limit!r}")
         if check_models:
             families = provider_families(self.provider)
             self.models = parse_list(self.models, "models", families) if families else list(self.models)
