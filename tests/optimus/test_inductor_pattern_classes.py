@@ -123,7 +123,7 @@ CASES: list[tuple[Callable[..., object], tuple[int, ...], str, str, tuple[str, .
     (cat_then_split, FLAT, "fused", "split_cat", ()),
     (numpy_compat_kwargs, BIG, "fused", "split_cat", ("split", "cat")),
     (mutated_piece, BIG, "left alone", "", ()),
-    (aten_calls, BIG, "gap", "", ()),
+    (aten_calls, BIG, "fused", "split_cat", ("split", "cat")),
     (split_reshape_stack, BIG, "gap", "", ()),
 ]
 
