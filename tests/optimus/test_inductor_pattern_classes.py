@@ -124,7 +124,7 @@ CASES: list[tuple[Callable[..., object], tuple[int, ...], str, str, tuple[str, .
     (numpy_compat_kwargs, BIG, "fused", "split_cat", ("split", "cat")),
     (mutated_piece, BIG, "left alone", "", ()),
     (aten_calls, BIG, "fused", "split_cat", ("split", "cat")),
-    (split_reshape_stack, BIG, "gap", "", ()),
+    (split_reshape_stack, BIG, "fused", "reshape_pieces", ("split", "stack")),
 ]
 
 
