@@ -181,6 +181,45 @@ def _t(op: str, positional: str | None = None, **kw: Any) -> _Target:
     return _Target(op, names, **kw)
 
 
+_AXIS = {"axis": "dim"}
+
+
+def _aten_split_cat() -> dict[Any, _Target]:
+    """The ATen split/cat/stack/unbind ops as a model may call them directly
+    (``torch.ops.aten.split.Tensor(x, 2, 1)``; Dynamo keeps the overload, or the packet when
+    written without one). Each binds by its schema's own names (``self``, ``split_size``,
+    ``split_sizes``, ``tensors``, ``dim``; no ``axis=``: the dispatcher rejects it) to the same
+    canonical op as the torch function: ``split.Tensor`` takes an int size, ``split.sizes`` and
+    ``split_with_sizes`` a list, like ``torch.split``'s int-or-list; ``unbind.int``, ``cat``,
+    ``concat``, ``concatenate`` and ``stack`` take an int ``dim`` defaulting to 0, like theirs.
+    The Dimname overloads (a str ``dim``) bind too but no rule reads a non-int dim; ``out=``
+    overloads are not listed (they write)."""
+    aten = torch.ops.aten
+    split = {"self": "input", "split_size": "split_size_or_sections"}
+    out: dict[Any, _Target] = {
+        aten.split.Tensor: _t("split", aliases=split),
+        aten.split.sizes: _t("split", aliases=split),
+        aten.split: _t("split", aliases=split),
+        aten.split_with_sizes.default: _t(
+            "split", aliases={"self": "input", "split_sizes": "split_size_or_sections"}
+        ),
+        aten.split_with_sizes: _t(
+            "split", aliases={"self": "input", "split_sizes": "split_size_or_sections"}
+        ),
+        aten.chunk.default: _t("chunk", aliases={"self": "input"}),
+        aten.chunk: _t("chunk", aliases={"self": "input"}),
+        aten.unbind.int: _t("unbind", aliases={"self": "input"}),
+        aten.unbind: _t("unbind", aliases={"self": "input"}),
+    }
+    for name in ("cat", "concat", "concatenate"):
+        packet = getattr(aten, name)
+        out[packet.default] = out[packet] = _t("cat")
+    out[aten.stack.default] = out[aten.stack] = _t("stack")
+    return out
+
+
+_ATEN_SPLIT_CAT = _aten_split_cat()
+
 _FUNCTIONS: dict[Any, _Target] = {
     F.linear: _t("linear"),
     F.layer_norm: _t("layer_norm"),
@@ -237,13 +276,17 @@ _FUNCTIONS: dict[Any, _Target] = {
     operator.imul: _t("mul", "input other", inplace=True),
     operator.itruediv: _t("div", "input other", inplace=True),
     operator.getitem: _t("getitem"),
+    # ``torch.split`` is a Python function (no ``axis=``); the builtins below go through PyTorch's
+    # argument parser, which takes NumPy's ``axis=`` for ``dim`` (both at once is an error, and
+    # ``_bind`` rejects a duplicate too)
     torch.split: _t("split", aliases={"tensor": "input", "split_size": "split_size_or_sections"}),
-    torch.chunk: _t("chunk"),
-    torch.unbind: _t("unbind"),
-    torch.cat: _t("cat"),
-    torch.concat: _t("cat"),
-    torch.concatenate: _t("cat", aliases={"axis": "dim"}),
-    torch.stack: _t("stack"),
+    torch.chunk: _t("chunk", aliases=_AXIS),
+    torch.unbind: _t("unbind", aliases=_AXIS),
+    torch.cat: _t("cat", aliases=_AXIS),
+    torch.concat: _t("cat", aliases=_AXIS),
+    torch.concatenate: _t("cat", aliases=_AXIS),
+    torch.stack: _t("stack", aliases=_AXIS),
+    **_ATEN_SPLIT_CAT,
     torch.reshape: _t("reshape"),
     torch.permute: _t("permute"),
     torch.transpose: _t("transpose"),
@@ -275,9 +318,9 @@ _METHODS: dict[str, _Target] = {
     "clamp": _t("clamp"),
     "clip": _t("clamp"),
     "nan_to_num": _t("nan_to_num"),
-    "split": _t("split", aliases={"split_size": "split_size_or_sections"}),
-    "chunk": _t("chunk"),
-    "unbind": _t("unbind"),
+    "split": _t("split", aliases={"split_size": "split_size_or_sections"}),  # Python: no axis=
+    "chunk": _t("chunk", aliases=_AXIS),
+    "unbind": _t("unbind", aliases=_AXIS),
     "reshape": _t("reshape", "input", varargs="shape"),
     "view": _t("view", "input", varargs="shape"),
     "permute": _t("permute", "input", varargs="dims"),

@@ -26,6 +26,7 @@ from .merge_splits import MergeSplits
 from .noop_dropout import NoopDropout
 from .noop_split_cat import NoopSplitCat
 from .normalize_split_cat import NormalizeSplitCat
+from .reshape_pieces import ReshapePieces
 from .split_cat import SplitCat
 from .split_squeeze import SplitSqueeze
 from .stack_pieces import StackPieces
@@ -64,6 +65,7 @@ REGISTRY: dict[str, type] = {
     "stack_pieces": StackPieces,
     "cat_pieces": CatPieces,
     "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather  # cat of adjacent equal pieces along another dim: one clone
+    "reshape_pieces": ReshapePieces,  # stack/cat of equally reshaped adjacent pieces: one reshape, one clone
     "split_squeeze": SplitSqueeze,  # size-1 split pieces squeezed on the split dim: an unbind (cleanup)
 }
 

@@ -31,8 +31,15 @@ if TYPE_CHECKING:
 
 CALLS = ("call_function", "call_method")
 
-# Call forms the engine's normalize table does not know (read here by signature).
-_TENSOR_SPLIT_FUNCS: tuple[Any, ...] = (torch.tensor_split,)
+# Call forms the engine's normalize table does not know (read here by signature). The ATen
+# ``tensor_split`` overloads name their second argument ``sections`` or ``indices``; the
+# ``tensor_indices_or_sections`` overload (a tensor) is not read (a node there declines).
+_TENSOR_SPLIT_FUNCS: tuple[Any, ...] = (
+    torch.tensor_split,
+    torch.ops.aten.tensor_split.sections,
+    torch.ops.aten.tensor_split.indices,
+    torch.ops.aten.tensor_split,
+)
 _SPLIT_WITH_SIZES_FUNCS: tuple[Any, ...] = tuple(
     f for f in (getattr(torch, "split_with_sizes", None),) if f is not None
 )
@@ -57,6 +64,8 @@ def op_kind(node: fx.Node, ctx: RewriteContext) -> str | None:
     canon = ctx.canon(node)
     if canon is not None:
         return canon.op
+    if node.op == "call_function" and node.target in _TENSOR_SPLIT_FUNCS:
+        return "tensor_split"
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return _KIND_BY_NAME.get(name)
 
@@ -95,6 +104,15 @@ def piece_metas(node: fx.Node, ctx: RewriteContext) -> tuple[TensorMeta, ...] | 
     return metas
 
 
+_BIND_ALIASES = {
+    "tensor": "input",
+    "self": "input",
+    "axis": "dim",
+    "sections": "indices_or_sections",
+    "indices": "indices_or_sections",
+}
+
+
 def _bind(node: fx.Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
     """Bind a call's args/kwargs to ``names`` (first is the tensor). None if it does not fit."""
     args = list(node.args)
@@ -102,7 +120,8 @@ def _bind(node: fx.Node, names: Sequence[str], defaults: dict[str, Any]) -> dict
         return None
     out = dict(zip(names, args, strict=False))
     for key, value in node.kwargs.items():
-        key = {"tensor": "input", "self": "input"}.get(key, key)
+        # ``axis=``: NumPy's name for ``dim``, taken by these builtins' argument parser
+        key = _BIND_ALIASES.get(key, key)
         if key in out or key not in names:
             return None
         out[key] = value

@@ -7,6 +7,11 @@
     x.unbind(-1) | torch.unbind(x, 1)           -> torch.unbind(x, dim=d)      (d >= 0)
     getitem(getitem(T, slice(a, b)), i)         -> getitem(T, a + i)   (left by merge_splits)
 
+``axis=`` (NumPy's name for ``dim``, taken by the builtins) and the ATen overloads written directly
+(``torch.ops.aten.split.Tensor``, ``split.sizes``, ``split_with_sizes``, ``chunk``,
+``tensor_split``, ``unbind.int``, ``cat``, ``concat``, ``concatenate``, ``stack``) bind to the same
+canonical ops (``optimus.normalize``), so they are rewritten to the forms above as well.
+
 WHY: sizes become an explicit list (chunk and tensor_split sizes are read from the recorded
 shapes, so chunk's "fewer pieces than asked" case is kept exactly), dims become non-negative
 (a positional or omitted dim is left so: binding reads them all the same), so the other rules, CSE and later passes see one form. The value of every node is

@@ -1,12 +1,13 @@
 """stack_unbind: unbind(stack(xs, d), d)[i] -> xs[i], and stack(unbind(x, d)[i..j], d) -> x (all
 pieces) or x.narrow(d, i, j - i + 1) (a run), when both use the same dim and the order matches;
-stack(unbind(x, u)[i..j], e) with u != e -> a contiguous clone of x(.narrow).movedim(u, e).
+stack(unbind(x, u)[i..j], e) with u != e -> a contiguous clone of x(.narrow).movedim(u, e). Where
+x (or its narrow view) would be observable as the result (x is a model input, a parameter or
+another output; or a consumer sees the layout), the same-dim form is a contiguous clone too.
 
 WHY: horizontal fusion stacks inputs and unbinds outputs; chained fused ops (or a model that
 stacks and later iterates) produce these round trips. The stack copy and the unbind dispatch go
 away. Declines when pieces are permuted, repeated or with gaps, the unbind's tuple
-is used other than through getitems, nodes are mutated/effectful, or the result would return a
-model input or parameter itself as a graph output.
+is used other than through getitems, or nodes are mutated/effectful.
 """
 
 from __future__ import annotations
@@ -88,19 +89,29 @@ class StackUnbind(NodeSetRule):
         full = len(indices) == unbind.count
         if unbind.dim != stack.dim:
             return self._stack_of_unbind_moved(node, stack, unbind, source, first, len(indices), full, ctx)
-        if breaks_freshness([(node, unbind.input)], ctx):
-            return None
         n = len(indices)
-        built = unbind.input if full else built_meta(lambda y: y.narrow(stack.dim, first, n), unbind.input)
-        if not layout_safe(node, built, ctx):
-            return None
-        if not full and len(indices) < 2:
+        if not full and n < 2:
             return None  # stack of one slice: a copy vs an unsqueeze view, not worth a rule
         before = copy_cost(node, ctx)
         if tuple_dies_with(source, [node]):
             before = before + VIEW
-        after = Cost() if full else VIEW
-        return Found((node,), before, after, ("whole", unbind.input, stack.dim, first, len(indices), full))
+        built = unbind.input if full else built_meta(lambda y: y.narrow(stack.dim, first, n), unbind.input)
+        data = ("whole", unbind.input, stack.dim, first, n, full)
+        if not breaks_freshness([(node, unbind.input)], ctx) and layout_safe(node, built, ctx):
+            return Found((node,), before, Cost() if full else VIEW, data)
+        # Handing back x (or its view) would be observable (x is a model input, a parameter or
+        # another output; or a consumer sees the layout): one fresh contiguous copy of it is what
+        # the stack returned, for one copy instead of n slices plus a multi-input stack.
+        fresh = built_meta(
+            lambda y: torch.clone(
+                y if full else y.narrow(stack.dim, first, n), memory_format=torch.contiguous_format
+            ),
+            unbind.input,
+        )
+        if not layout_safe(node, fresh, ctx):
+            return None
+        after = copy_cost(node, ctx, inputs=1) + (Cost() if full else VIEW)
+        return Found((node,), before, after, ("fresh", *data[1:]))
 
     def _stack_of_unbind_moved(
         self,
@@ -179,7 +190,8 @@ class StackUnbind(NodeSetRule):
             return [
                 b.call(torch.clone, b.call(torch.movedim, y, u, e), memory_format=torch.contiguous_format)
             ]
-        _, source, dim, start, length, full = data
-        if full:
-            return [source]
-        return [b.call(torch.narrow, source, dim, start, length)]
+        kind, source, dim, start, length, full = data
+        value = source if full else b.call(torch.narrow, source, dim, start, length)
+        if kind == "fresh":
+            return [b.call(torch.clone, value, memory_format=torch.contiguous_format)]
+        return [value]

@@ -6,7 +6,9 @@ per-tower results (``torch.cat(outs, 1)``) then copies n slices one by one. Movi
 next to the cat dim and flattening the two is the same layout in one copy (or none, when the
 unbind dim already sits at the cat position), and the unbind and n getitems go away. Declines
 for permuted, repeated or gapped pieces, a tuple used other than through getitems with the cat
-reading pieces of it out of order, and mutated/effectful nodes.
+reading pieces of it out of order, and mutated/effectful nodes. Where the flatten could hand
+back a view of y that the caller can see (y is a model input, a parameter or another output),
+the moved view is cloned contiguous first and flattened (one copy, fresh storage; priced).
 """
 
 from __future__ import annotations
@@ -47,22 +49,38 @@ class UnbindCat(NodeSetRule):
         source, unbind, indices = run
         first = indices[0]
         u, c, n = unbind.dim, cat.dim, len(indices)
-        built = built_meta(
-            lambda y: torch.flatten(torch.movedim(y.narrow(u, first, n), u, c), c, c + 1), unbind.input
-        )
-        if not all_movable([source, unbind.input, *cat.tensors], ctx) or not layout_safe(node, built, ctx):
-            return None
-        if breaks_freshness([(node, unbind.input)], ctx):  # the result may be a view of it
+        if not all_movable([source, unbind.input, *cat.tensors], ctx):
             return None
         partial = len(indices) != unbind.count
         before = copy_cost(node, ctx)
         if tuple_dies_with(source, [node]):
             before = before + VIEW
-        # narrow (partial) + movedim (u != c) are views; flatten copies unless the layout allows a view
-        after = views(int(partial) + int(u != c)) + (
-            Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes) if u != c or partial else VIEW
+        built = built_meta(
+            lambda y: torch.flatten(torch.movedim(y.narrow(u, first, n), u, c), c, c + 1), unbind.input
         )
-        return Found((node,), before, after, (unbind.input, u, c, first, len(indices), partial))
+        if not breaks_freshness([(node, unbind.input)], ctx) and layout_safe(node, built, ctx):
+            # narrow (partial) + movedim (u != c) are views; flatten copies unless the layout allows a view
+            after = views(int(partial) + int(u != c)) + (
+                Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes) if u != c or partial else VIEW
+            )
+            return Found((node,), before, after, (unbind.input, u, c, first, n, partial, False))
+        # The result may be a view of y (a model input, a parameter, another output) or have a
+        # layout a consumer observes: copy the moved view once into fresh contiguous storage (what
+        # the cat returned) and flatten that (a view of the fresh copy).
+        fresh = built_meta(
+            lambda y: torch.flatten(
+                torch.clone(
+                    torch.movedim(y.narrow(u, first, n), u, c), memory_format=torch.contiguous_format
+                ),
+                c,
+                c + 1,
+            ),
+            unbind.input,
+        )
+        if not layout_safe(node, fresh, ctx):
+            return None
+        after = views(int(partial) + int(u != c) + 1) + Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes)
+        return Found((node,), before, after, (unbind.input, u, c, first, n, partial, True))
 
     def _runs_inside(self, node: fx.Node, cat: Any, ctx: RewriteContext) -> Found | None:
         """cat([a, *unbind(Y, u)[i..j], b, ..], c) -> cat([a, Y.narrow(u, i, n).movedim(u, c)
@@ -112,9 +130,11 @@ class UnbindCat(NodeSetRule):
                     y = b.call(torch.movedim, y, u, c)
                 inputs.append(b.call(torch.flatten, y, c, c + 1))
             return [b.call(torch.cat, inputs, c)]
-        y, u, c, first, count, partial = data
+        y, u, c, first, count, partial, fresh = data
         if partial:
             y = b.call(torch.narrow, y, u, first, count)
         if u != c:
             y = b.call(torch.movedim, y, u, c)
+        if fresh:
+            y = b.call(torch.clone, y, memory_format=torch.contiguous_format)
         return [b.call(torch.flatten, y, c, c + 1)]

@@ -22,8 +22,14 @@ def _canon_of(fn, modules=None):  # type: ignore[no-untyped-def]
 
 
 def _kw(canon, x, y):  # type: ignore[no-untyped-def]
-    """kwargs with the placeholder nodes named, for comparison across graphs."""
-    return {k: ("x" if v is x else "y" if v is y else v) for k, v in canon.kwargs.items()}
+    """kwargs with the placeholder nodes named (also inside a list), for comparison across graphs."""
+
+    def name(v):  # type: ignore[no-untyped-def]
+        if isinstance(v, (list, tuple)):
+            return [name(e) for e in v]
+        return "x" if v is x else "y" if v is y else v
+
+    return {k: name(v) for k, v in canon.kwargs.items()}
 
 
 EQUIVALENT = {
@@ -73,6 +79,53 @@ EQUIVALENT = {
         lambda g, x, y: g.call_function(torch.split, (x, 2), {"dim": 1}),
         lambda g, x, y: g.call_method("split", (x, 2, 1)),
         lambda g, x, y: g.call_method("split", (x,), {"split_size": 2, "dim": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.split.Tensor, (x, 2, 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.split.Tensor, (x,), {"split_size": 2, "dim": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.split, (x, 2), {"dim": 1}),
+    ],
+    "split_sizes": [
+        lambda g, x, y: g.call_function(torch.split, (x, [1, 3], 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.split.sizes, (x, [1, 3], 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.split_with_sizes.default, (x, [1, 3], 1)),
+        lambda g, x, y: g.call_function(
+            torch.ops.aten.split_with_sizes.default, (x,), {"split_sizes": [1, 3], "dim": 1}
+        ),
+    ],
+    "chunk": [
+        lambda g, x, y: g.call_function(torch.chunk, (x, 2, 1)),
+        lambda g, x, y: g.call_function(torch.chunk, (x, 2), {"axis": 1}),
+        lambda g, x, y: g.call_method("chunk", (x, 2), {"axis": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.chunk.default, (x, 2, 1)),
+    ],
+    "unbind": [
+        lambda g, x, y: g.call_function(torch.unbind, (x, 1)),
+        lambda g, x, y: g.call_function(torch.unbind, (x,), {"axis": 1}),
+        lambda g, x, y: g.call_method("unbind", (x,), {"axis": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.unbind.int, (x, 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.unbind.int, (x,), {"dim": 1}),
+    ],
+    "unbind_default_dim": [
+        lambda g, x, y: g.call_function(torch.unbind, (x,)),
+        lambda g, x, y: g.call_function(torch.ops.aten.unbind.int, (x,)),
+        lambda g, x, y: g.call_function(torch.ops.aten.unbind, (x, 0)),
+    ],
+    "cat": [
+        lambda g, x, y: g.call_function(torch.cat, ([x, y], 1)),
+        lambda g, x, y: g.call_function(torch.cat, ([x, y],), {"axis": 1}),
+        lambda g, x, y: g.call_function(torch.concat, ([x, y],), {"axis": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.cat.default, ([x, y], 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.concat.default, ([x, y],), {"dim": 1}),
+    ],
+    "cat_default_dim": [
+        lambda g, x, y: g.call_function(torch.cat, ([x, y],)),
+        lambda g, x, y: g.call_function(torch.ops.aten.cat.default, ([x, y],)),
+        lambda g, x, y: g.call_function(torch.ops.aten.concatenate.default, ([x, y], 0)),
+    ],
+    "stack": [
+        lambda g, x, y: g.call_function(torch.stack, ([x, y], 1)),
+        lambda g, x, y: g.call_function(torch.stack, ([x, y],), {"axis": 1}),
+        lambda g, x, y: g.call_function(torch.ops.aten.stack.default, ([x, y], 1)),
+        lambda g, x, y: g.call_function(torch.ops.aten.stack, ([x, y],), {"dim": 1}),
     ],
     "view": [
         lambda g, x, y: g.call_method("view", (x, 2, 3)),
@@ -126,6 +179,20 @@ def test_unknown_calls_normalize_to_none() -> None:
     assert _canon_of(lambda g, x, y: g.call_method("frobnicate", (x,)))[0] is None
     # an unknown keyword: not a call we understand (never guess)
     assert _canon_of(lambda g, x, y: g.call_function(torch.tanh, (x,), {"bogus": 1}))[0] is None
+    # the dispatcher takes no axis= for ATen overloads, and out= writes: neither is bound
+    assert (
+        _canon_of(lambda g, x, y: g.call_function(torch.ops.aten.cat.default, ([x, y],), {"axis": 1}))[0]
+        is None
+    )
+    assert _canon_of(lambda g, x, y: g.call_function(torch.ops.aten.unbind.int, (x,), {"axis": 1}))[0] is None
+    assert _canon_of(lambda g, x, y: g.call_function(torch.cat, ([x, y],), {"out": y}))[0] is None
+    assert (
+        _canon_of(lambda g, x, y: g.call_function(torch.ops.aten.cat.out, ([x, y], 0), {"out": y}))[0] is None
+    )
+    # both names at once is an error in eager too
+    assert (
+        _canon_of(lambda g, x, y: g.call_function(torch.stack, ([x, y],), {"axis": 1, "dim": 1}))[0] is None
+    )
 
 
 def test_modules_normalize_and_lower() -> None:

@@ -22,6 +22,24 @@ SPLITS = {
     "split_with_sizes": lambda y, d, n: y.split_with_sizes([5, 3], d),
     "tensor_split_sections": lambda y, d, n: torch.tensor_split(y, 3, n),  # 3, 3, 2
     "tensor_split_indices": lambda y, d, n: y.tensor_split([1, 6], dim=n),
+    # NumPy's axis= (the argument parser's name for dim; torch.split, a Python function, has none)
+    "chunk_axis": lambda y, d, n: torch.chunk(y, 2, axis=n),
+    "chunk_method_axis": lambda y, d, n: y.chunk(4, axis=d),
+    "tensor_split_axis": lambda y, d, n: torch.tensor_split(y, 3, axis=n),
+    "split_with_sizes_axis": lambda y, d, n: y.split_with_sizes([5, 3], axis=n),
+    # the ATen overloads written directly, by their schema names
+    "aten_split_tensor": lambda y, d, n: torch.ops.aten.split.Tensor(y, 3, n),
+    "aten_split_tensor_keywords": lambda y, d, n: torch.ops.aten.split.Tensor(y, split_size=5, dim=d),
+    "aten_split_sizes": lambda y, d, n: torch.ops.aten.split.sizes(y, [2, 6], n),
+    "aten_split_packet_list": lambda y, d, n: torch.ops.aten.split(y, [1, 7], d),
+    "aten_split_packet_int": lambda y, d, n: torch.ops.aten.split(y, 4, n),
+    "aten_split_with_sizes": lambda y, d, n: torch.ops.aten.split_with_sizes.default(y, [5, 3], n),
+    "aten_split_with_sizes_keywords": lambda y, d, n: torch.ops.aten.split_with_sizes.default(
+        y, split_sizes=[6, 2], dim=n
+    ),
+    "aten_chunk": lambda y, d, n: torch.ops.aten.chunk.default(y, 3, n),
+    "aten_tensor_split_sections": lambda y, d, n: torch.ops.aten.tensor_split.sections(y, 3, n),
+    "aten_tensor_split_indices": lambda y, d, n: torch.ops.aten.tensor_split.indices(y, [1, 6], d),
 }
 
 
@@ -65,6 +83,15 @@ def test_split_forms_become_torch_split_with_sizes(form, lead) -> None:  # type:
         lambda a, b: torch.concatenate([a, b], axis=-1),
         lambda a, b: torch.stack([a, b], -1),
         lambda a, b: torch.stack((a, b), dim=2),
+        lambda a, b: torch.cat([a, b], axis=-1),
+        lambda a, b: torch.concat([a, b], axis=1),
+        lambda a, b: torch.stack([a, b], axis=-1),
+        lambda a, b: torch.ops.aten.cat.default([a, b], -1),
+        lambda a, b: torch.ops.aten.cat([a, b], dim=1),
+        lambda a, b: torch.ops.aten.concat.default([a, b], -1),
+        lambda a, b: torch.ops.aten.concatenate.default([a, b], 1),
+        lambda a, b: torch.ops.aten.stack.default([a, b], -1),
+        lambda a, b: torch.ops.aten.stack([a, b], dim=2),
     ],
 )
 def test_cat_and_stack_forms_get_a_list_and_a_non_negative_dim(form) -> None:  # type: ignore[no-untyped-def]
@@ -74,9 +101,21 @@ def test_cat_and_stack_forms_get_a_list_and_a_non_negative_dim(form) -> None:  #
     assert isinstance(node.args[0], list) and node.kwargs["dim"] in (1, 2)
 
 
-def test_unbind_forms_get_a_non_negative_dim() -> None:
+UNBINDS = {
+    "method": lambda y: y.unbind(-1),
+    "axis": lambda y: torch.unbind(y, axis=-1),
+    "method_axis": lambda y: y.unbind(axis=1),
+    "aten_int": lambda y: torch.ops.aten.unbind.int(y, -1),
+    "aten_packet_keyword": lambda y: torch.ops.aten.unbind(y, dim=1),
+}
+
+
+@pytest.mark.parametrize("form", sorted(UNBINDS))
+def test_unbind_forms_get_a_non_negative_dim(form: str) -> None:
+    unbind = UNBINDS[form]
+
     def f(self, x):  # type: ignore[no-untyped-def]
-        a, b, c = (x * 1.0).unbind(-1)
+        a, b, c = unbind(x * 1.0)
         return a + b + c
 
     gm = run(f, [torch.randn(2, 3)], RULES)
@@ -112,6 +151,26 @@ def test_mutated_values_are_left_alone() -> None:
         return a * 1.0, b * 1.0
 
     gm = run(f, [torch.randn(2, 4)], RULES)
+    assert fired(gm, "normalize_split_cat") == 0
+
+
+@pytest.mark.parametrize("form", ["aten_split", "aten_unbind", "aten_cat"])
+def test_mutated_aten_forms_are_left_alone(form: str) -> None:
+    """The ATen forms bind to the canonical ops, and so fall under the same guard: a value written
+    in place (and its views) is ordered, never rewritten."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        y = x * 1.0
+        y.add_(1.0)
+        if form == "aten_split":
+            a, b = torch.ops.aten.split.Tensor(y, 2, -1)
+            return a * 1.0, b * 1.0
+        if form == "aten_unbind":
+            a, b = torch.ops.aten.unbind.int(y, -1)
+            return a * 1.0, b * 1.0
+        return torch.ops.aten.cat.default([y, y], -1)
+
+    gm = run(f, [torch.randn(2, 4) if form != "aten_unbind" else torch.randn(2, 2)], RULES)
     assert fired(gm, "normalize_split_cat") == 0
 
 

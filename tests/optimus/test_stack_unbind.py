@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from split_cat_helpers import fired, ops, run
+from layout_helpers import assert_same_results
+from split_cat_helpers import fired, module_of, ops, run
+
+import optimus
 
 RULES = ["stack_unbind"]
 
@@ -57,7 +60,7 @@ def test_other_users_of_the_stack_keep_it() -> None:
     assert ops(gm, "stack") == 1 and ops(gm, "unbind") == 0
 
 
-@pytest.mark.parametrize("case", ["dims_differ", "permuted", "mutated", "returns_input"])
+@pytest.mark.parametrize("case", ["dims_differ", "permuted", "mutated"])
 def test_must_not_fire(case) -> None:  # type: ignore[no-untyped-def]
     def f(self, x, y):  # type: ignore[no-untyped-def]
         if case == "dims_differ":
@@ -71,12 +74,70 @@ def test_must_not_fire(case) -> None:  # type: ignore[no-untyped-def]
             s.add_(1.0)
             a, b = s.unbind(0)
             return a, b
-        p = torch.unbind(x, 0)
-        return torch.stack([p[0], p[1]], 0)
+        raise AssertionError(case)
 
     gm = run(f, [torch.randn(2, 2), torch.randn(2, 2)], RULES)
     assert fired(gm, "stack_unbind") == 0
     assert ops(gm, "stack") == 1
+
+
+@pytest.mark.parametrize("case", ["input", "input_run", "returned_source", "strided_input"])
+def test_round_trip_that_would_alias_is_one_fresh_copy(case: str) -> None:
+    """stack(unbind(x, d)[i..j], d) where handing back x (or its narrow view) would be observable:
+    x is a model input (the caller's write would reach it), or x is returned as well (two outputs
+    would share memory), or x is strided (a consumer would see its layout). The round trip becomes
+    one contiguous clone: the stack's fresh storage, its strides, one copy instead of n slices and
+    an n-input stack."""
+
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        if case == "input":
+            p = torch.unbind(x, 0)
+            return torch.stack([p[0], p[1], p[2]], 0)
+        if case == "input_run":
+            p = torch.unbind(x, 1)
+            return torch.stack([p[0], p[1]], 1)  # partial: x.narrow(1, 0, 2), cloned
+        if case == "returned_source":
+            h = x * 2.0
+            p = torch.unbind(h, 0)
+            return torch.stack([p[0], p[1], p[2]], 0), h
+        p = torch.unbind(x.t(), 0)  # a strided view of the input
+        return torch.stack([p[0], p[1], p[2]], 0)
+
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    gm = run(f, [x, y], RULES)
+    assert fired(gm, "stack_unbind") == 1
+    assert ops(gm, "stack") == 0 and ops(gm, "unbind") == 0
+    assert sum(1 for n in gm.graph.nodes if n.target is torch.clone) == 1
+    mod = module_of(f)
+    assert_same_results(mod(x, y), gm(x, y), sources=[x, y])
+
+
+def test_fresh_round_trip_is_declined_when_the_copy_saves_nothing() -> None:
+    """Two pieces of a model input's unbind, the others still read: the narrow and the clone cost
+    more than the two-input stack they replace (default cost model)."""
+
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x, 0)
+        return torch.stack([p[0], p[1]], 0), p[2] * 2.0
+
+    gm = run(f, [torch.randn(3, 4), torch.randn(3, 4)], RULES, cost_model=optimus.AnalyticCostModel())
+    assert fired(gm, "stack_unbind") == 0 and ops(gm, "stack") == 1
+    assert gm.optimus_report.declined.get("stack_unbind", 0) >= 1
+
+
+def test_a_source_written_after_the_unbind_keeps_the_round_trip() -> None:
+    """Real aliasing: the pieces are views of h, so writing h between the unbind and the stack
+    changes what the stack reads; nothing of it is moved or replaced (integer inputs: autograd
+    forbids writing the base of an unbind's views)."""
+
+    def f(self, x, y):  # type: ignore[no-untyped-def]
+        h = x * 1
+        p = torch.unbind(h, 0)
+        h.add_(1)
+        return torch.stack([p[0], p[1]], 0)
+
+    gm = run(f, [torch.randint(0, 9, (2, 3)), torch.randint(0, 9, (2, 3))], RULES)
+    assert fired(gm, "stack_unbind") == 0 and ops(gm, "stack") == 1
 
 
 def test_mixed_dtype_stack_promotes_so_pieces_are_not_its_inputs() -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from split_cat_helpers import fired, ops, run
+from layout_helpers import assert_same_results
+from split_cat_helpers import fired, module_of, ops, run
+
+import optimus
 
 RULES = ["unbind_cat"]
 
@@ -51,6 +54,61 @@ def test_must_not_fire(case) -> None:  # type: ignore[no-untyped-def]
         return torch.cat([p[0], p[1]], 1)
 
     gm = run(f, [torch.randn(2, 3, 2)], RULES)
+    assert fired(gm, "unbind_cat") == 0 and ops(gm, "cat") == 1
+
+
+@pytest.mark.parametrize("case", ["input_same_dim", "input_moved", "input_run", "returned_source"])
+def test_cat_that_would_alias_is_one_fresh_copy(case: str) -> None:
+    """cat(unbind(y, u)[i..j], c) whose flatten could be a view of y where y is a model input or
+    is returned too: the moved view is copied once into fresh contiguous storage (what the cat
+    returned) and flattened there, instead of being left alone."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        if case == "input_same_dim":
+            p = torch.unbind(x, 0)
+            return torch.cat([p[i] for i in range(8)], 0)  # flatten(x, 0, 1) would be a view of x
+        if case == "input_moved":
+            p = torch.unbind(x, 1)
+            return torch.cat([p[i] for i in range(6)], 0)
+        if case == "input_run":
+            p = torch.unbind(x, 0)
+            return torch.cat([p[i] for i in range(1, 8)], 0)
+        h = x * 2.0
+        p = torch.unbind(h, 0)
+        return torch.cat([p[i] for i in range(8)], 0), h
+
+    x = torch.randn(8, 6, 2)  # enough pieces that one clone beats the many-input cat
+    gm = run(f, [x], RULES)
+    assert fired(gm, "unbind_cat") == 1
+    assert ops(gm, "cat") == 0 and ops(gm, "unbind") == 0
+    assert sum(1 for n in gm.graph.nodes if n.target is torch.clone) == 1
+    assert_same_results(module_of(f)(x), gm(x), sources=[x])
+
+
+def test_fresh_cat_is_declined_when_the_copy_saves_nothing() -> None:
+    """Two pieces of a model input's unbind, the others still read: narrow, clone and flatten
+    cost more than the two-input cat (default cost model)."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        p = torch.unbind(x, 0)
+        return torch.cat([p[0], p[1]], 0), p[2] * 2.0
+
+    gm = run(f, [torch.randn(3, 4, 2)], RULES, cost_model=optimus.AnalyticCostModel())
+    assert fired(gm, "unbind_cat") == 0 and ops(gm, "cat") == 1
+    assert gm.optimus_report.declined.get("unbind_cat", 0) >= 1
+
+
+def test_a_source_written_after_the_unbind_keeps_the_cat() -> None:
+    """Real aliasing: writing y between the unbind and the cat changes what the cat reads
+    (integer inputs: autograd forbids writing the base of an unbind's views)."""
+
+    def f(self, x):  # type: ignore[no-untyped-def]
+        y = x * 1
+        p = torch.unbind(y, 0)
+        y.add_(1)
+        return torch.cat([p[0], p[1]], 0)
+
+    gm = run(f, [torch.randint(0, 9, (2, 3))], RULES)
     assert fired(gm, "unbind_cat") == 0 and ops(gm, "cat") == 1
 
 
