@@ -385,6 +385,27 @@ def piece_of(node: Any, ctx: RewriteContext) -> Piece | None:
     return _narrow_piece(node, ctx) or _slice_piece(node, ctx)
 
 
+def adjacent_pieces(tensors: Sequence[Any], ctx: RewriteContext) -> list[Piece] | None:
+    """The pieces of ``tensors`` if they are adjacent equal runs of one source along one dim, in
+    order (``source[k*L : (k+1)*L]`` for k = 0, 1, ...; L > 0), else None."""
+    pieces: list[Piece] = []
+    for k, t in enumerate(tensors):
+        p = piece_of(t, ctx)
+        first = pieces[0] if pieces else p
+        if (
+            p is None
+            or first is None
+            or first.length == 0
+            or p.source is not first.source
+            or p.dim != first.dim
+            or p.length != first.length
+            or p.start != first.start + k * first.length
+        ):
+            return None
+        pieces.append(p)
+    return pieces or None
+
+
 def _narrow_piece(node: fx.Node, ctx: RewriteContext) -> Piece | None:
     is_narrow = (node.op == "call_function" and node.target is torch.narrow) or (
         node.op == "call_method" and node.target == "narrow"

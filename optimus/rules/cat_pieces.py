@@ -24,7 +24,7 @@ from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import copy_cost, views
 from ._split_cat_layout import built_meta, layout_safe, same_dtypes
-from ._split_cat_util import all_movable, cat_view, only_used_by, piece_of, tuple_dies_with
+from ._split_cat_util import adjacent_pieces, all_movable, cat_view, only_used_by, tuple_dies_with
 from .base import Cost
 
 
@@ -43,20 +43,11 @@ class CatPieces(NodeSetRule):
         cat = cat_view(node, ctx)
         if cat is None or len(cat.tensors) < 2:
             return None
-        pieces = [piece_of(t, ctx) for t in cat.tensors]
-        first = pieces[0]
-        if first is None or first.length == 0 or first.dim == cat.dim:
+        pieces = adjacent_pieces(cat.tensors, ctx)
+        if pieces is None or pieces[0].dim == cat.dim:
             return None
-        for k, p in enumerate(pieces):
-            if (
-                p is None
-                or p.source is not first.source
-                or p.dim != first.dim
-                or p.length != first.length
-                or p.start != first.start + k * first.length
-            ):
-                return None
-        holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
+        first = pieces[0]
+        holders = {p.holder: p.holder is p.node for p in pieces}
         if not all_movable([first.source, *cat.tensors, *holders], ctx):
             return None
         if not same_dtypes(cat.tensors, first.source, ctx):
@@ -72,7 +63,7 @@ class CatPieces(NodeSetRule):
             for h, own in holders.items()
             if (only_used_by(h, [node]) if own else tuple_dies_with(h, [node]))
         }
-        dying = sum(1 for p in pieces if p is not None and p.holder in dies)  # a view made per piece
+        dying = sum(1 for p in pieces if p.holder in dies)  # a view made per piece
         before = copy_cost(node, ctx) + views(dying)
         after = Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes) + views(2 + int(partial))
         return Found((node,), before, after, (first.source, d, e, s, n, k, partial))

@@ -37,10 +37,10 @@ from ._split_cat_layout import built_meta, layout_safe, same_dtypes
 from ._split_cat_util import (
     CALLS,
     ListView,
+    adjacent_pieces,
     all_movable,
     cat_view,
     only_used_by,
-    piece_of,
     stack_view,
     tuple_dies_with,
 )
@@ -104,19 +104,10 @@ class ReshapePieces(NodeSetRule):
         sources = [_reshaped(t, ctx) for t in view.tensors]
         if any(src is None for src in sources):
             return None
-        pieces = [piece_of(src, ctx) for src in sources]
-        first = pieces[0]
-        if first is None or first.length == 0:
+        pieces = adjacent_pieces(sources, ctx)
+        if pieces is None:
             return None
-        for k, p in enumerate(pieces):
-            if (
-                p is None
-                or p.source is not first.source
-                or p.dim != first.dim
-                or p.length != first.length
-                or p.start != first.start + k * first.length
-            ):
-                return None
+        first = pieces[0]
         metas = [ctx.meta(t) for t in view.tensors]
         shapes = {m.shape for m in metas if m is not None}
         if None in metas or len(shapes) != 1:
@@ -124,7 +115,7 @@ class ReshapePieces(NodeSetRule):
         (shape,) = shapes
         if view.op == "cat" and not shape:
             return None  # cat of 0-d tensors raises in eager
-        holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
+        holders = {p.holder: p.holder is p.node for p in pieces}
         reshapes = list(view.tensors)
         pieced = [s for s in sources if s is not None]
         if not all_movable([first.source, *reshapes, *pieced, *holders], ctx):
@@ -156,7 +147,7 @@ class ReshapePieces(NodeSetRule):
             if all(only_used_by(r, [node]) for r in reshapes)
             and (only_used_by(h, reshapes) if own else tuple_dies_with(h, reshapes))
         }
-        before = before + views(sum(1 for p in pieces if p is not None and p.holder in dying))
+        before = before + views(sum(1 for p in pieces if p.holder in dying))
         # after: narrow, unflatten, movedim (d != 0), reshape (a view, or one copy), movedim
         # (e != 0), the clone, the cat's flatten
         moved = built_meta(lambda y: _moved(y, d, s, n, k, partial), first.source)

@@ -24,9 +24,9 @@ from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import VIEW, copy_cost, views
 from ._split_cat_layout import built_meta
 from ._split_cat_util import (
+    adjacent_pieces,
     all_movable,
     only_used_by,
-    piece_of,
     stack_view,
     tuple_dies_with,
 )
@@ -41,20 +41,11 @@ class StackPieces(NodeSetRule):
         stack = stack_view(node, ctx)
         if stack is None or len(stack.tensors) < 2:
             return None
-        pieces = [piece_of(t, ctx) for t in stack.tensors]
-        first = pieces[0]
-        if first is None or first.length == 0:
+        pieces = adjacent_pieces(stack.tensors, ctx)
+        if pieces is None:
             return None
-        for k, p in enumerate(pieces):
-            if (
-                p is None
-                or p.source is not first.source
-                or p.dim != first.dim
-                or p.length != first.length
-                or p.start != first.start + k * first.length
-            ):
-                return None
-        holders = {p.holder: p.holder is p.node for p in pieces if p is not None}
+        first = pieces[0]
+        holders = {p.holder: p.holder is p.node for p in pieces}
         if not all_movable([first.source, *stack.tensors, *holders], ctx):
             return None
         meta = ctx.meta(first.source)
