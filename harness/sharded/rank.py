@@ -192,13 +192,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     step_no = [0]
     cursor = [0]
 
-    def forward(m: Any, batch: Any) -> Any:
-        if train:
-            logits = m(*batch.inputs)
-            b.loss(logits, batch.labels).backward()
-            return logits
-        with torch.no_grad():
-            return m(*batch.inputs)
+    forward = cell.forward_fn(b, train)  # the single-process cell's step, loss and backward
 
     def step() -> Any:
         progress.set(step=step_no[0])
