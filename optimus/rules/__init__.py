@@ -63,8 +63,8 @@ REGISTRY: dict[str, type] = {
     "stack_unbind": StackUnbind,
     "unbind_cat": UnbindCat,
     "stack_pieces": StackPieces,
-    "cat_pieces": CatPieces,
-    "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather  # cat of adjacent equal pieces along another dim: one clone
+    "cat_pieces": CatPieces,  # cat of adjacent equal pieces along another dim: one clone
+    "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather
     "reshape_pieces": ReshapePieces,  # stack/cat of equally reshaped adjacent pieces: one reshape, one clone
     "split_squeeze": SplitSqueeze,  # size-1 split pieces squeezed on the split dim: an unbind (cleanup)
 }

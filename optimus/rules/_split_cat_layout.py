@@ -285,6 +285,18 @@ def built_meta(fn: Any, *nodes: Any) -> TensorMeta | None:
     return found if isinstance(found, TensorMeta) else None
 
 
+def views_as(meta: TensorMeta | None, shape: tuple[int, ...]) -> bool | None:
+    """Can a tensor laid out as ``meta`` be viewed as ``shape`` (reshape without a copy)?"""
+    if meta is None or meta.stride is None:
+        return None
+    t = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
+    try:
+        t.view(shape)
+    except RuntimeError:
+        return False
+    return True
+
+
 def fresh_meta(node: fx.Node) -> TensorMeta | None:
     """The layout of a fresh contiguous tensor with ``node``'s shape (what a cat/stack makes)."""
     from ..meta import contiguous_stride, tensor_meta

@@ -30,10 +30,10 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ..meta import TensorMeta
 from ._node_set_rule import Found, NodeSetRule
+from ._piece_runs import Run, dying_holders, piece_runs, runs_of
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import built_meta, layout_safe, same_dtypes
+from ._split_cat_layout import built_meta, fresh_meta, layout_safe, same_dtypes, views_as
 from ._split_cat_util import (
     CALLS,
     ListView,
@@ -41,6 +41,7 @@ from ._split_cat_util import (
     all_movable,
     cat_view,
     only_used_by,
+    piece_of,
     stack_view,
     tuple_dies_with,
 )
@@ -64,18 +65,6 @@ def _reshaped(node: Any, ctx: RewriteContext) -> fx.Node | None:
     if out is None or inp is None or out.dtype != inp.dtype or out.numel != inp.numel:
         return None  # x.view(dtype) and the like: not a reshape
     return src
-
-
-def _views_as(meta: TensorMeta | None, shape: tuple[int, ...]) -> bool | None:
-    """Can a tensor laid out as ``meta`` be viewed as ``shape`` (reshape without a copy)?"""
-    if meta is None or meta.stride is None:
-        return None
-    t = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
-    try:
-        t.view(shape)
-    except RuntimeError:
-        return False
-    return True
 
 
 def _moved(y: torch.Tensor, d: int, s: int, n: int, k: int, partial: bool) -> torch.Tensor:
@@ -102,11 +91,9 @@ class ReshapePieces(NodeSetRule):
         if view is None or len(view.tensors) < 2:
             return None
         sources = [_reshaped(t, ctx) for t in view.tensors]
-        if any(src is None for src in sources):
-            return None
-        pieces = adjacent_pieces(sources, ctx)
+        pieces = None if any(src is None for src in sources) else adjacent_pieces(sources, ctx)
         if pieces is None:
-            return None
+            return self._runs_inside(node, view, ctx)
         first = pieces[0]
         metas = [ctx.meta(t) for t in view.tensors]
         shapes = {m.shape for m in metas if m is not None}
@@ -137,7 +124,7 @@ class ReshapePieces(NodeSetRule):
         for r, src in zip(reshapes, pieced, strict=True):
             if not only_used_by(r, [node]):
                 continue
-            viewable = _views_as(ctx.meta(src), shape)
+            viewable = views_as(ctx.meta(src), shape)
             if viewable is None:
                 return None
             before = before + (VIEW if viewable else _copy_of(src, ctx))
@@ -151,25 +138,110 @@ class ReshapePieces(NodeSetRule):
         # after: narrow, unflatten, movedim (d != 0), reshape (a view, or one copy), movedim
         # (e != 0), the clone, the cat's flatten
         moved = built_meta(lambda y: _moved(y, d, s, n, k, partial), first.source)
-        viewable = _views_as(moved, (n, *shape))
+        viewable = views_as(moved, (n, *shape))
         if viewable is None:
             return None
         after = views(1 + int(partial) + int(d != 0) + int(e != 0) + int(view.op == "cat")) + copy
         after = after + (VIEW if viewable else copy)
         return Found((node,), before, after, (first.source, d, e, s, n, k, partial, shape, view.op))
 
+    def _runs_inside(self, node: fx.Node, view: ListView, ctx: RewriteContext) -> Found | None:
+        """stack([a, *reshaped run, b], e) -> cat([a.unsqueeze(e), the run's one reshape moved to e,
+        b.unsqueeze(e)], e); a cat the same with the run flattened at e and the others as they are.
+        The cat is fresh contiguous storage, like the stack or cat it replaces."""
+        e, op = view.dim, view.op
+        parts = piece_runs(view.tensors, ctx, lambda t: piece_of(_reshaped(t, ctx), ctx))
+        runs = runs_of(parts)
+        if not runs:
+            return None
+        reshapes = [view.tensors[r.first + i] for r in runs for i in range(r.n)]
+        pieced = [p.node for r in runs for p in r.pieces]
+        held = [*(p.holder for r in runs for p in r.pieces), *(r.pieces[0].source for r in runs)]
+        if not all_movable([*view.tensors, *pieced, *held], ctx) or not layout_safe(
+            node, fresh_meta(node), ctx
+        ):
+            return None
+        dying = [r for r in reshapes if only_used_by(r, [node])]
+        before = copy_cost(node, ctx) + views(dying_holders(runs, dying))
+        for r in dying:  # a reshape that dies: a view, or a copy where its piece is not viewable so
+            viewable = views_as(ctx.meta(_reshaped(r, ctx)), _shape(r, ctx))
+            if viewable is None:
+                return None
+            before = before + (VIEW if viewable else _copy_of(r, ctx))
+        copy = Cost(launches=1.0, bytes=copy_cost(node, ctx).bytes)
+        after = copy_cost(node, ctx, inputs=len(parts)) + views(
+            len(parts) - len(runs) if op == "stack" else 0
+        )
+        inputs: list[fx.Node | tuple[Any, ...]] = []
+        for part in parts:
+            if not isinstance(part, Run):
+                inputs.append(part)
+                continue
+            first, n, shape = part.pieces[0], part.n, _shape(view.tensors[part.first], ctx)
+            x, d, s, k = first.source, first.dim, first.start, first.length
+            meta = ctx.meta(x)
+            assert meta is not None
+            partial = s != 0 or n * k != meta.shape[d]
+            moved = built_meta(lambda y, d=d, s=s, n=n, k=k, p=partial: _moved(y, d, s, n, k, p), x)
+            viewable = views_as(moved, (n, *shape))
+            if viewable is None:
+                return None
+            # narrow (part of the dim), unflatten, movedim (d != 0), movedim (e != 0): views; the
+            # reshape a view or a copy; a cat's flatten a copy of its own on eager
+            after = after + views(1 + int(partial) + int(d != 0) + int(e != 0)) + (VIEW if viewable else copy)
+            if op == "cat":
+                run = built_meta(
+                    lambda y, d=d, s=s, n=n, k=k, p=partial, S=shape: (
+                        _moved(y, d, s, n, k, p).reshape(n, *S).movedim(0, e)
+                    ),
+                    x,
+                )
+                flat = views_as(run, (*shape[:e], n * shape[e], *shape[e + 1 :]))
+                if flat is None:
+                    return None
+                after = after + VIEW + (copy if not flat and not ctx.inductor else Cost())
+            inputs.append((x, d, e, s, n, k, partial, shape))
+        return Found((node,), before, after, ("mixed", tuple(inputs), e, op))
+
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        if data[0] == "mixed":
+            _, inputs, e, op = data
+            made = []
+            for v in inputs:
+                if isinstance(v, fx.Node):
+                    made.append(b.method("unsqueeze", v, e) if op == "stack" else v)
+                    continue
+                run = _moved_reshape(b, *v)
+                made.append(b.call(torch.flatten, run, e, e + 1) if op == "cat" else run)
+            return [b.call(torch.cat, made, e)]
         x, d, e, s, n, k, partial, shape, op = data
-        if partial:
-            x = b.call(torch.narrow, x, d, s, n * k)
-        x = b.call(torch.unflatten, x, d, (n, k))
-        if d != 0:
-            x = b.call(torch.movedim, x, d, 0)
-        x = b.call(torch.reshape, x, (n, *shape))
-        if e != 0:
-            x = b.call(torch.movedim, x, 0, e)
-        x = b.call(torch.clone, x, memory_format=torch.contiguous_format)
+        x = b.call(
+            torch.clone,
+            _moved_reshape(b, x, d, e, s, n, k, partial, shape),
+            memory_format=torch.contiguous_format,
+        )
         return [b.call(torch.flatten, x, e, e + 1) if op == "cat" else x]
+
+
+def _moved_reshape(
+    b: Builder, x: fx.Node, d: int, e: int, s: int, n: int, k: int, partial: bool, shape: tuple[int, ...]
+) -> fx.Node:
+    """The run of pieces, each reshaped to ``shape``, stacked at ``e`` (a view where it can be)."""
+    if partial:
+        x = b.call(torch.narrow, x, d, s, n * k)
+    x = b.call(torch.unflatten, x, d, (n, k))
+    if d != 0:
+        x = b.call(torch.movedim, x, d, 0)
+    x = b.call(torch.reshape, x, (n, *shape))
+    if e != 0:
+        x = b.call(torch.movedim, x, 0, e)
+    return x
+
+
+def _shape(node: fx.Node, ctx: RewriteContext) -> tuple[int, ...]:
+    meta = ctx.meta(node)
+    assert meta is not None
+    return tuple(meta.shape)
 
 
 def _copy_of(node: fx.Node, ctx: RewriteContext) -> Cost:

@@ -7,6 +7,12 @@ split input (``torch.split(x, w, 1)`` feeding n towers), the stack copies them o
 new [n, ..] tensor. The same tensor is a reshape of x: one copy (``contiguous``; none when the
 layout already matches), and the split or the n narrows go away. Declines for unequal, permuted,
 repeated or non-adjacent pieces and mutated/effectful nodes.
+
+A run of two or more such pieces among other tensors (``stack([a, *split(x, 2, 1), b], e)``,
+Inductor's ``split_stack_to_cats``) -> ``cat([a.unsqueeze(e), <the run's view>, b.unsqueeze(e)], e)``:
+the run is one view input and the other inputs stay. The cat is fresh contiguous storage like the
+stack. Priced: a short run saves a few cat inputs but costs an unsqueeze per other input and the
+run's views, so the cost model declines it there (``report.declined``); long runs pay.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
+from ._piece_runs import Run, dying_holders, piece_runs, runs_of
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import built_meta
+from ._split_cat_layout import built_meta, fresh_meta, layout_safe
 from ._split_cat_util import (
     adjacent_pieces,
     all_movable,
     only_used_by,
+    piece_of,
     stack_view,
     tuple_dies_with,
 )
@@ -43,7 +51,7 @@ class StackPieces(NodeSetRule):
             return None
         pieces = adjacent_pieces(stack.tensors, ctx)
         if pieces is None:
-            return None
+            return self._runs_inside(node, stack.tensors, stack.dim, ctx)
         first = pieces[0]
         holders = {p.holder: p.holder is p.node for p in pieces}
         if not all_movable([first.source, *stack.tensors, *holders], ctx):
@@ -69,7 +77,40 @@ class StackPieces(NodeSetRule):
         after = views(1 + int(partial) + int(d != e)) + (VIEW if in_place and not fresh else copy)
         return Found((node,), before, after, (first.source, d, e, s, n, k, partial, fresh))
 
+    def _runs_inside(
+        self, node: fx.Node, tensors: Sequence[fx.Node], e: int, ctx: RewriteContext
+    ) -> Found | None:
+        """stack([a, *run, b], e) -> cat([a.unsqueeze(e), run as one view, b.unsqueeze(e)], e)."""
+        parts = piece_runs(tensors, ctx, lambda t: piece_of(t, ctx))
+        runs = runs_of(parts)
+        if not runs:
+            return None
+        holders = [p.holder for r in runs for p in r.pieces]
+        sources = [r.pieces[0].source for r in runs]
+        if not all_movable([*tensors, *holders, *sources], ctx) or not layout_safe(
+            node, fresh_meta(node), ctx
+        ):
+            return None
+        before = copy_cost(node, ctx) + views(dying_holders(runs, [node]))
+        # an unsqueeze per other input; per run: narrow (part of its dim), unflatten, movedim (d != e)
+        n_views = (
+            len(parts) - len(runs) + sum(1 + int(_partial(r, ctx)) + int(r.pieces[0].dim != e) for r in runs)
+        )
+        after = copy_cost(node, ctx, inputs=len(parts)) + views(n_views)
+        inputs = tuple(p if not isinstance(p, Run) else _run_data(p, e, ctx) for p in parts)
+        return Found((node,), before, after, ("mixed", inputs, e))
+
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
+        if data[0] == "mixed":
+            _, inputs, e = data
+            made = []
+            for v in inputs:
+                if isinstance(v, fx.Node):
+                    made.append(b.method("unsqueeze", v, e))
+                    continue
+                x, d, _, start, n, length, partial = v
+                made.append(_built(x, d, e, start, n, length, partial, b))
+            return [b.call(torch.cat, made, e)]
         x, d, e, start, n, length, partial, fresh = data
         if fresh:
             x = b.call(
@@ -79,6 +120,19 @@ class StackPieces(NodeSetRule):
             )
             return [x]
         return [b.method("contiguous", _built(x, d, e, start, n, length, partial, b))]
+
+
+def _partial(run: Run, ctx: RewriteContext) -> bool:
+    """The run covers only part of its source's dim (a narrow first)."""
+    first = run.pieces[0]
+    meta = ctx.meta(first.source)
+    return meta is None or first.start != 0 or run.n * first.length != meta.shape[first.dim]
+
+
+def _run_data(run: Run, e: int, ctx: RewriteContext) -> tuple[Any, ...]:
+    """(x, d, e, start, n, length, partial): what ``_built`` needs to build the run."""
+    first = run.pieces[0]
+    return (first.source, first.dim, e, first.start, run.n, first.length, _partial(run, ctx))
 
 
 def _view(y: torch.Tensor, d: int, e: int, start: int, n: int, length: int, partial: bool) -> torch.Tensor:

@@ -304,7 +304,7 @@ CASES: list[Case] = [
     Case(split_stack, BIG, "fused", "stack_pieces", ("split", "stack"), K["stack"]),
     Case(split_stack_other_dim, (2, 8, 3, 2), "declined", "stack_pieces", (), K["stack_other"]),
     Case(split_cat_other_dim, BIG, "fused", "cat_pieces", ("split", "cat"), K["cat_other"]),
-    Case(split_run_in_cat_on_other_dim, (2, 8, 3, 2), "gap", "", (), K["cat_other_inside"]),
+    Case(split_run_in_cat_on_other_dim, (2, 8, 3, 2), "declined", "cat_pieces", (), K["cat_other_inside"]),
     Case(split_inside_bigger_cat, BIG, "fused", "split_cat", ("split",), K["inside"]),
     Case(reordered_runs, BIG, "declined", "split_cat", (), K["reordered"]),
     Case(size1_split_squeeze, SMALL, "fused", "split_squeeze", ("split", "squeeze", "stack"), K["squeeze"]),
@@ -332,8 +332,8 @@ CASES: list[Case] = [
     Case(unbind_inside_bigger_stack, UNB, "declined", "stack_unbind", (), K["unbind_inside"]),
     Case(unbind_run_in_one_stack, (40, 6), "declined", "stack_unbind", (), K["unbind_inside"]),
     Case(unbind_runs_in_one_cat, (40, 3), "declined", "unbind_cat", (), K["unbind_cat_view"]),
-    Case(split_run_in_bigger_stack, (2, 8, 3, 2), "gap", "", (), K["split_in_stack"]),
-    Case(split_runs_in_one_stack, (40, 6), "gap", "", (), K["split_in_stack"]),
+    Case(split_run_in_bigger_stack, (2, 8, 3, 2), "declined", "stack_pieces", (), K["split_in_stack"]),
+    Case(split_runs_in_one_stack, (40, 6), "declined", "stack_pieces", (), K["split_in_stack"]),
     Case(cat_then_split, FLAT, "fused", "split_cat", (), K["cat_split_cat"]),
     Case(cat_of_pieces_resplit, (4, 40), "fused", "split_cat", ("split",), K["cat_split_cat"]),
     Case(cat_of_every_piece_beside_partials, (40, 3), "fused", "split_cat", ("split",), K["cat_split_cat"]),
@@ -349,7 +349,7 @@ CASES: list[Case] = [
     Case(aten_unbind_then_stack, (4, 8), "fused", "stack_unbind", ("unbind", "stack"), K["aten"]),
     Case(split_reshape_stack, BIG, "fused", "reshape_pieces", ("split", "stack"), K["reshape"]),
     Case(split_reshape_cat, BIG, "fused", "reshape_pieces", ("split", "cat"), K["reshape"]),
-    Case(reshaped_pieces_in_bigger_stack, (40, 6), "gap", "", (), K["reshape_inside"]),
+    Case(reshaped_pieces_in_bigger_stack, (40, 6), "declined", "reshape_pieces", (), K["reshape_inside"]),
 ]
 
 
