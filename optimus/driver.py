@@ -91,6 +91,7 @@ class _Run:
     max_nodes: int
     start: float
     blocked: set[tuple[str, tuple[fx.Node, ...]]] = field(default_factory=set)  # rolled back: never retried
+    unchanged_peak: float | None = None  # estimated peak of a round that changed nothing (final graph)
 
     @property
     def order(self) -> dict[str, int]:
@@ -115,7 +116,6 @@ def run(
         config.max_nodes or 4 * report.nodes_before + 1000,
         start,
     )
-    report.live_peak_before = state.context().live.peak
     stop = StopReason.iteration_limit(config.max_iterations)
     for iteration in range(config.max_iterations):
         report.iterations = iteration + 1
@@ -129,7 +129,9 @@ def run(
             stop = StopReason.saturated()
             break
     gm.recompile()
-    report.live_peak_after = state.context().live.peak
+    # a round that changed nothing estimated the final graph already; else (a limit) once more
+    final = state.unchanged_peak
+    report.live_peak_after = final if final is not None else state.context().live.peak
     _note_unchanged(report)
     report.nodes_after = len(gm.graph.nodes)
     report.stop_reason = stop
@@ -152,6 +154,7 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     t0 = time.perf_counter()
     ctx = state.context()
     if iteration == 0:
+        report.live_peak_before = ctx.live.peak  # the graph as captured (one O(n) pass)
         for node in ctx.index.regions.unknown:
             report.notes.append(
                 f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
@@ -164,6 +167,8 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     t3 = time.perf_counter()
     round_order = list(state.gm.graph.nodes)
     applied_round = _apply_candidates(state, ctx, candidates)
+    if not changed and not applied_round:
+        state.unchanged_peak = ctx.live.peak
     ok = _finish_round(state, ctx, iteration, applied_round, round_order)
     if ok:
         _merge_declines(declines, ctx.declines)

@@ -69,6 +69,7 @@ def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any]) -> LiveEstima
     """The live-bytes curve of ``nodes`` (a graph's nodes in order); O(nodes + edges)."""
     pos = {n: i for i, n in enumerate(nodes)}
     end = len(nodes) - 1
+    aliases = {n: n.op != "output" and may_alias_output(n, canons.get(n)) for n in nodes}  # once each
     last: dict[fx.Node, int] = {}
     for node in reversed(nodes):
         if node.op == "placeholder":
@@ -79,12 +80,12 @@ def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any]) -> LiveEstima
             if user not in pos:
                 continue
             reach = max(reach, pos[user])
-            if user.op != "output" and may_alias_output(user, canons.get(user)):
+            if aliases[user]:
                 reach = max(reach, last.get(user, pos[user]))
         last[node] = reach
     delta = [0.0] * (len(nodes) + 1)
     for node in nodes:
-        nbytes = fresh_bytes(node, canons.get(node))
+        nbytes = 0 if aliases[node] or node.op in ("get_attr", "output") else output_bytes(node)
         if nbytes:
             delta[pos[node]] += nbytes
             delta[last[node] + 1] -= nbytes
