@@ -18,14 +18,23 @@ from torch import fx
 @dataclass(frozen=True)
 class Cost:
     """What a piece of graph costs to run, in device-independent units the cost model prices:
-    kernel launches (or framework dispatches), bytes read+written, floating-point operations."""
+    kernel launches (or framework dispatches), bytes read+written, floating-point operations;
+    and ``live_bytes``, the most tensor bytes the piece holds at once (see ``optimus.memory``),
+    which the driver weighs against the graph's estimated peak, not against time."""
 
     launches: float = 0.0
     bytes: float = 0.0
     flops: float = 0.0
+    live_bytes: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.launches + other.launches, self.bytes + other.bytes, self.flops + other.flops)
+        # two pieces' live bytes may coexist: their sum bounds what they hold at once
+        return Cost(
+            self.launches + other.launches,
+            self.bytes + other.bytes,
+            self.flops + other.flops,
+            self.live_bytes + other.live_bytes,
+        )
 
 
 @dataclass(eq=False)
@@ -40,3 +49,9 @@ class Candidate:
     label: float = 0.0  # where the rewritten computation sits in the depth labelling
     data: Any = None  # rule-private payload handed back to ``apply``
     gain: float = field(default=0.0)  # set by the driver from the cost model (seconds saved)
+    gain_share: float = field(default=0.0)  # set by the driver: gain / the before's seconds
+
+    @property
+    def live_delta(self) -> float:
+        """Bytes the rewrite adds to what is alive at once (negative: it frees some)."""
+        return self.after.live_bytes - self.before.live_bytes

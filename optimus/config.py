@@ -22,6 +22,11 @@ class OptimusConfig:
         outputs and gradients; roll back any rewrite that changes them (slower; for debugging).
     max_iterations / max_nodes / time_limit_s: driver limits (reported as the stop reason).
     rtol / atol: override the dtype-aware verify tolerances.
+    memory_margin: a rewrite that raises the graph's estimated peak of live bytes (see
+        ``optimus.memory``) is taken only when it saves more than this fraction of its own time
+        (0.0: whenever it is faster; 1.0 or more: never).
+    memory_budget_bytes: no rewrite may lift the estimated peak above this many bytes (None: no
+        budget). Rewrites that add no live bytes are still taken when the graph is over it.
     """
 
     rules: tuple[str, ...] | None = None
@@ -34,6 +39,8 @@ class OptimusConfig:
     rtol: float | None = None
     atol: float | None = None
     seed: int = 0
+    memory_margin: float = 0.0
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from .rules import REGISTRY
@@ -58,6 +65,12 @@ class OptimusConfig:
             raise ValueError(f"max_nodes must be a positive int or None, got {self.max_nodes!r}")
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0, got {self.time_limit_s!r}")
+        margin = self.memory_margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < float("inf"):
+            raise ValueError(f"memory_margin must be a finite number >= 0, got {margin!r}")
+        budget = self.memory_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"memory_budget_bytes must be a positive int or None, got {budget!r}")
 
     def with_(self, **changes: Any) -> OptimusConfig:
         """A copy with some fields replaced (validated again)."""
@@ -69,5 +82,6 @@ class OptimusConfig:
         return (
             f"rules={self.rules};cost={type(cm).__module__}.{type(cm).__qualname__}:{vars(cm) if hasattr(cm, '__dict__') else ''};"
             f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
-            f"nodes={self.max_nodes}"
+            f"nodes={self.max_nodes};memory_margin={self.memory_margin};"
+            f"memory_budget_bytes={self.memory_budget_bytes}"
         )

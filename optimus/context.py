@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +19,7 @@ from .builder import Builder
 from .candidate import Candidate, Cost
 from .graph_index import GraphIndex, group_by_key, stab_groups
 from .layout import ParamLayout, RuntimeStack
+from .memory import LiveEstimate, estimate
 from .meta import TensorMeta, output_requires_grad, tensor_meta, value_meta
 from .normalize import Canon, canonicalize
 from .regions import context_kind
@@ -48,6 +49,14 @@ class RewriteContext:
         self._canon: dict[fx.Node, Canon | None] = dict(self.index.canons)
         self.leftovers: list[fx.Node] = []
         self.declines: dict[str, int] = {}  # reason -> count: rewrites refused for safety
+        self._live: LiveEstimate | None = None
+
+    @property
+    def live(self) -> LiveEstimate:
+        """Live bytes of the graph as this round found it (``optimus.memory``), computed once."""
+        if self._live is None:
+            self._live = estimate(self.index.nodes, self.index.canons)
+        return self._live
 
     def decline(self, reason: str) -> None:
         """Count a rewrite the engine refused (``report.declined_reasons``)."""
@@ -146,6 +155,10 @@ class RewriteContext:
                 members, self._interval, self.cost_model.min_group, self.cost_model.max_group
             ):
                 before, after = rule.cost(group, self)
+                live = getattr(rule, "live", None)
+                if live is not None and not (before.live_bytes or after.live_bytes):
+                    held, holds = live(group, self)
+                    before, after = replace(before, live_bytes=held), replace(after, live_bytes=holds)
                 out.append(Candidate(rule.name, tuple(group), before, after, label=label))
         return out
 

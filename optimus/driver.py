@@ -12,6 +12,12 @@ A rule that raises, yields an unplaceable rewrite, breaks the graph, or (with ``
 results is undone, logged on the ``optimus`` logger and counted in ``report.rolled_back``. Undoing
 restores the graph exactly as it was before the rewrite (edges and node order).
 
+A rewrite that adds live bytes (``Candidate.live_delta`` > 0) passes ``memory_gate.MemoryGate``
+too: where it lifts the graph's estimated peak it must save more than ``memory_margin`` of its
+own time, and it may never lift the peak above ``memory_budget_bytes``; refusals are counted by
+reason in ``report.declined_reasons``. ``report.live_peak_before``/``live_peak_after`` hold the
+estimate for the graph as captured and as optimized.
+
 Rewrites the engine refuses for safety (grouping across a grad-mode/autocast region, merging a
 random op, ...) are counted by reason in ``report.declined_reasons`` (see docs/optimus.md,
 "Regions and effects").
@@ -33,6 +39,7 @@ from .candidate import Candidate
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
+from .memory_gate import MemoryGate
 from .regions import describe
 from .report import OptimusReport, RoundRecord
 from .rules import resolve
@@ -84,6 +91,7 @@ class _Run:
     max_nodes: int
     start: float
     blocked: set[tuple[str, tuple[fx.Node, ...]]] = field(default_factory=set)  # rolled back: never retried
+    unchanged_peak: float | None = None  # estimated peak of a round that changed nothing (final graph)
 
     @property
     def order(self) -> dict[str, int]:
@@ -121,6 +129,9 @@ def run(
             stop = StopReason.saturated()
             break
     gm.recompile()
+    # a round that changed nothing estimated the final graph already; else (a limit) once more
+    final = state.unchanged_peak
+    report.live_peak_after = final if final is not None else state.context().live.peak
     _note_unchanged(report)
     report.nodes_after = len(gm.graph.nodes)
     report.stop_reason = stop
@@ -143,6 +154,7 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     t0 = time.perf_counter()
     ctx = state.context()
     if iteration == 0:
+        report.live_peak_before = ctx.live.peak  # the graph as captured (one O(n) pass)
         for node in ctx.index.regions.unknown:
             report.notes.append(
                 f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
@@ -155,6 +167,8 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     t3 = time.perf_counter()
     round_order = list(state.gm.graph.nodes)
     applied_round = _apply_candidates(state, ctx, candidates)
+    if not changed and not applied_round:
+        state.unchanged_peak = ctx.live.peak
     ok = _finish_round(state, ctx, iteration, applied_round, round_order)
     if ok:
         _merge_declines(declines, ctx.declines)
@@ -194,7 +208,9 @@ def _collect(state: _Run, ctx: RewriteContext) -> list[Candidate]:
     for rule in (r for r in state.rules if r.kind != "cleanup"):
         for cand in rule.match(ctx):
             device = ctx.device_of(cand.nodes)
-            cand.gain = cm.seconds(cand.before, device) - cm.seconds(cand.after, device)
+            before = cm.seconds(cand.before, device)
+            cand.gain = before - cm.seconds(cand.after, device)
+            cand.gain_share = cand.gain / before if before > 0 else 0.0
             candidates.append(cand)
     order = state.order
     candidates.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
@@ -208,11 +224,16 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     by_name = {r.name: r for r in state.rules}
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
+    memory = MemoryGate(ctx.live, state.config)
     for cand in candidates:
         if cand.gain <= 0:
             _count(report.declined, cand.rule)
             continue
         if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in state.blocked:
+            continue
+        refusal = memory.refusal(cand)
+        if refusal is not None:
+            ctx.decline(refusal)
             continue
         failures = sum(report.rolled_back.values())
         before = list(graph.nodes) if verifier is not None else None
@@ -231,6 +252,7 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
                 state.blocked.add((cand.rule, cand.nodes))
                 continue
         touched.update(cand.nodes)
+        memory.take(cand)
         applied_round.append(applied)
     return applied_round
 

@@ -50,6 +50,10 @@ class OptimusReport:
     # not match it (another input shape or scalar, or a train/eval switch); see specialized.py
     specializations: list[str] = field(default_factory=list)
     rounds: list[RoundRecord] = field(default_factory=list)  # one per driver round, in order
+    # the estimated peak of live tensor bytes (optimus.memory: forward, parameters excluded) of
+    # the graph as captured and as optimized; with graph breaks, the largest graph's
+    live_peak_before: float = 0.0
+    live_peak_after: float = 0.0
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
@@ -71,6 +75,8 @@ class OptimusReport:
         self.nodes_after += other.nodes_after
         self.seconds += other.seconds
         self.iterations = max(self.iterations, other.iterations)
+        self.live_peak_before = max(self.live_peak_before, other.live_peak_before)
+        self.live_peak_after = max(self.live_peak_after, other.live_peak_after)
         self.graphs += other.graphs
         quiet = (StopKind.NOT_RUN, StopKind.SATURATED, StopKind.UNCHANGED)
         if self.stop_reason.kind in quiet and other.stop_reason.kind is not StopKind.NOT_RUN:

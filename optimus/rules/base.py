@@ -88,6 +88,15 @@ class HorizontalRule:
     def cost(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[Cost, Cost]:
         raise NotImplementedError
 
+    def live(self, nodes: Sequence[fx.Node], ctx: RewriteContext) -> tuple[float, float]:
+        """(before, after) live bytes of fusing ``nodes`` (``optimus.memory.horizontal_live``):
+        by default the member outputs only; a rule whose fused form copies its inputs into a
+        stack, or stacks weights per call, adds those bytes (see batch_linear). The engine asks
+        only when ``cost`` left ``live_bytes`` unset."""
+        from ..memory import horizontal_live
+
+        return horizontal_live(nodes, ctx.live)
+
     def match(self, ctx: RewriteContext) -> Iterable[Candidate]:
         return ctx.horizontal_candidates(self)
 

@@ -14,6 +14,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ..memory import horizontal_live
 from ..normalize import _hashable
 from .base import Cost, HorizontalRule
 
@@ -70,7 +71,6 @@ class BatchLayerNorm(HorizontalRule):
         x = ctx.meta(canons[0]["input"])
         assert x is not None
         affine = [canons[0][k] is not None for k in ("weight", "bias")]
-        before = Cost(launches=g, bytes=g * 2 * x.nbytes, flops=g * 8.0 * x.numel)
         stack_bytes = ctx.stack_bytes([c["input"] for c in canons])
         layout_bytes = layout_launches = 0.0
         for name, present in zip(("weight", "bias"), affine, strict=True):
@@ -78,9 +78,15 @@ class BatchLayerNorm(HorizontalRule):
                 params = [c[name] for c in canons]
                 layout_bytes += ctx.layout.bytes_moved(params, ctx)
                 layout_launches += ctx.layout.launches(params) + 0.1  # + reshape view
+        # eager holds the normalized stack while the affine step writes its own [G, ...] result;
+        # Inductor computes both in one loop
+        unfused = g * x.nbytes if any(affine) and not ctx.inductor else 0.0
+        held, holds = horizontal_live(nodes, ctx.live, stack_bytes / 2, layout_bytes / 2 + unfused)
+        before = Cost(launches=g, bytes=g * 2 * x.nbytes, flops=g * 8.0 * x.numel, live_bytes=held)
         after = Cost(
             launches=1 + (stack_bytes > 0) + (1 if any(affine) else 0) + layout_launches + 0.5,
             bytes=g * 2 * x.nbytes * (2 if any(affine) else 1) + stack_bytes + layout_bytes,
             flops=g * 10.0 * x.numel,
+            live_bytes=holds,
         )
         return before, after

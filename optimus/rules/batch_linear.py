@@ -28,6 +28,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ..memory import horizontal_live
 from ._split_cat_layout import copies_if_strided
 from .base import Cost, HorizontalRule
 
@@ -98,7 +99,6 @@ class BatchLinear(HorizontalRule):
         bias_bytes = w.shape[0] * w.dtype.itemsize if has_bias else 0
         flops = 2.0 * g * x.numel * w.shape[0]
         one = x.nbytes + w.nbytes + bias_bytes + out_bytes
-        before = Cost(launches=g, bytes=g * one, flops=flops)
         inputs = [c["input"] for c in canons]
         weights = [c["weight"] for c in canons]
         layout_bytes = ctx.layout.bytes_moved(weights, ctx)
@@ -114,10 +114,14 @@ class BatchLinear(HorizontalRule):
             biases = [c["bias"] for c in canons]
             layout_bytes += ctx.layout.bytes_moved(biases, ctx)
             layout_launches += ctx.layout.launches(biases) + 0.1  # + unsqueeze view
+        # a copied stack and weights stacked per call are alive beside their originals
+        held, holds = horizontal_live(nodes, ctx.live, stack_bytes / 2, layout_bytes / 2)
+        before = Cost(launches=g, bytes=g * one, flops=flops, live_bytes=held)
         after = Cost(
             launches=1 + (stack_bytes > 0) + layout_launches + 0.5,
             bytes=g * one + stack_bytes + layout_bytes,
             flops=flops,
+            live_bytes=holds,
         )
         return before, after
 

@@ -27,6 +27,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ..memory import horizontal_live
 from ..meta import TensorMeta
 from ..normalize import EMIT, OPS, UNARY_POINTWISE, _hashable
 from ._split_cat_layout import layout_observed
@@ -60,8 +61,14 @@ class BatchUnary(HorizontalRule):
         inputs = [ctx.must_canon(n)["input"] for n in nodes]
         nbytes = float(sum(m.nbytes for m in (ctx.meta(v) for v in inputs) if m is not None))
         stack_bytes = 2 * nbytes if _strided_views(nodes, [inputs], ctx)[0] else ctx.stack_bytes(inputs)
-        before = Cost(launches=len(nodes), bytes=2 * nbytes, flops=nbytes / 4)
-        after = Cost(launches=1.5 + (stack_bytes > 0), bytes=2 * nbytes + stack_bytes, flops=nbytes / 4)
+        held, holds = horizontal_live(nodes, ctx.live, stack_bytes / 2)  # a copied stack: alive beside
+        before = Cost(launches=len(nodes), bytes=2 * nbytes, flops=nbytes / 4, live_bytes=held)
+        after = Cost(
+            launches=1.5 + (stack_bytes > 0),
+            bytes=2 * nbytes + stack_bytes,
+            flops=nbytes / 4,
+            live_bytes=holds,
+        )
         return before, after
 
 
@@ -182,6 +189,7 @@ class BatchBinary(HorizontalRule):
             stacks += more
             launches += more > 0
             reads = 3.0
-        before = Cost(launches=len(nodes), bytes=reads * nbytes, flops=nbytes / 4)
-        after = Cost(launches=launches, bytes=reads * nbytes + stacks, flops=nbytes / 4)
+        held, holds = horizontal_live(nodes, ctx.live, stacks / 2)
+        before = Cost(launches=len(nodes), bytes=reads * nbytes, flops=nbytes / 4, live_bytes=held)
+        after = Cost(launches=launches, bytes=reads * nbytes + stacks, flops=nbytes / 4, live_bytes=holds)
         return before, after
