@@ -260,7 +260,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     example = example_inputs(b, batches)
     original = dict(module.named_parameters())
     dense = module.dense  # as built: what the limit's groups are found in (--limit)
-    prepared = modes.prepare(key.mode, dense, example)
+    with modes.memory_margin(cfg.get("memory_margin")):
+        prepared = modes.prepare(key.mode, dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 

@@ -87,6 +87,10 @@ def _add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: s
                    help="the compile cells also measure the limit: the ideal step time with their fusable groups "
                         "as ideal batched kernels (harness/limit.py, docs/harness.md 'The limit'; three extra "
                         "compiles per compile cell)")  # fmt: skip
+    p.add_argument("--memory-margin", type=finite_float, default=None, metavar="M",
+                   help="the Optimus modes' OptimusConfig.memory_margin: a rewrite that lifts the estimated peak "
+                        "memory must save more than this share of its own time (default: Optimus's own, 0.0; "
+                        "1.0: never lift it; docs/optimus.md 'Memory is a cost')")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
                         "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip
@@ -269,6 +273,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         sharding=getattr(args, "sharding", "auto"),
         pg_timeout_s=getattr(args, "pg_timeout_s", 120.0),
         limit=bool(getattr(args, "limit", False)),
+        memory_margin=getattr(args, "memory_margin", None),
     ).validate()
 
 

@@ -172,6 +172,23 @@ def peer_run_info() -> dict[str, Any]:
 
 
 _RUNTIME_STACK = [False]  # set by data_parallel_training(): no re-layout (see there)
+_MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
+
+
+@contextlib.contextmanager
+def memory_margin(margin: float | None) -> Iterator[None]:
+    """Optimus modes prepared inside this block use ``OptimusConfig(memory_margin=margin)``
+    (``run --memory-margin``); ``None`` leaves Optimus's own default.
+
+    WHY a harness setting: the memory gate trades step time for peak memory (docs/optimus.md,
+    "Memory is a cost"), and which side of that trade a user wants is theirs to measure, cell by
+    cell, with the same harness that measures the default.
+    """
+    _MEMORY_MARGIN[0] = margin
+    try:
+        yield
+    finally:
+        _MEMORY_MARGIN[0] = None
 
 
 @contextlib.contextmanager
@@ -206,6 +223,8 @@ def _optimize_relayout(
 
     layout = RuntimeStack() if _RUNTIME_STACK[0] else RelayoutParams()
     config = optimus.OptimusConfig(layout=layout, cost_model=optimus.AnalyticCostModel(inductor=inductor))
+    if _MEMORY_MARGIN[0] is not None:
+        config = config.with_(memory_margin=_MEMORY_MARGIN[0])
     t0 = time.perf_counter()
     gm = optimus.optimize(dense, tuple(example_inputs), config=config)
     dt = time.perf_counter() - t0

@@ -98,6 +98,7 @@ class RunConfig:
     sharding: str = "auto"  # with nproc > 1: the sharding type every table is constrained to
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
     limit: bool = False  # the compile cells also measure the limit (harness/limit.py)
+    memory_margin: float | None = None  # the Optimus modes' OptimusConfig.memory_margin; None: its default
 
     def validate(self, check_models: bool = True) -> RunConfig:
         """Check every field; raise ValueError naming the field and the allowed values."""
@@ -128,6 +129,11 @@ class RunConfig:
             raise ValueError(f"pg_timeout_s: must be a finite number > 0, got {v!r}")
         if not isinstance(self.limit, bool):
             raise ValueError(f"limit: must be true or false, got {self.limit!r}")
+        v = self.memory_margin
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
+        ):
+            raise ValueError(f"memory_margin: must be a finite number >= 0, got {v!r}")
         if check_models:
             families = provider_families(self.provider)
             self.models = parse_list(self.models, "models", families) if families else list(self.models)

@@ -28,6 +28,8 @@ def test_parse_list() -> None:
         ({"max_iters": 2, "min_iters": 5}, r"max_iters: must be >= min_iters \(5\)"),
         ({"budget_s": -1.0}, "budget_s: must be a finite number >= 0"),
         ({"provider": "nocolon"}, "provider: expected 'package.module:function'"),
+        ({"memory_margin": -0.5}, "memory_margin: must be a finite number >= 0"),
+        ({"memory_margin": float("nan")}, "memory_margin: must be a finite number >= 0"),
     ],
 )
 def test_config_errors(kw: dict, message: str) -> None:
