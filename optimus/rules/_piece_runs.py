@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from ._split_cat_util import Piece, only_used_by, tuple_dies_with
+from ._split_cat_cost import copy_cost, views
+from ._split_cat_layout import fresh_meta, layout_safe
+from ._split_cat_util import Piece, all_movable, only_used_by, tuple_dies_with
 
 if TYPE_CHECKING:
+    from ..candidate import Cost
     from ..context import RewriteContext
 
 
@@ -82,4 +85,22 @@ def dying_holders(runs: Sequence[Run], readers: Sequence[fx.Node]) -> int:
     )
 
 
-__all__ = ["Run", "dying_holders", "piece_runs", "runs_of"]
+def movable_runs(
+    node: fx.Node, tensors: Sequence[Any], ctx: RewriteContext, piece: Callable[[Any], Piece | None]
+) -> tuple[list[Run | fx.Node], list[Run], Cost] | None:
+    """(parts, runs, what ``node`` costs now) for the cat/stack ``node`` over ``tensors``, when it
+    holds a run a rule may rewrite: None when it holds none, when anything involved is mutated or
+    effectful, or when a fresh result would break a layout a consumer observes. The one check
+    every rule that takes a run inside a bigger cat/stack makes before pricing its own form."""
+    parts = piece_runs(tensors, ctx, piece)
+    runs = runs_of(parts)
+    if not runs:
+        return None
+    holders = [p.holder for r in runs for p in r.pieces]
+    sources = [r.pieces[0].source for r in runs]
+    if not all_movable([*tensors, *holders, *sources], ctx) or not layout_safe(node, fresh_meta(node), ctx):
+        return None
+    return parts, runs, copy_cost(node, ctx) + views(dying_holders(runs, [node]))
+
+
+__all__ = ["Run", "dying_holders", "movable_runs", "piece_runs", "runs_of"]

@@ -29,9 +29,9 @@ from torch import fx
 from ..builder import Builder
 from ..context import RewriteContext
 from ._node_set_rule import Found, NodeSetRule
-from ._piece_runs import Run, dying_holders, piece_runs, runs_of
+from ._piece_runs import Run, movable_runs
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import built_meta, fresh_meta, layout_safe, same_dtypes, views_as
+from ._split_cat_layout import built_meta, layout_safe, same_dtypes, views_as
 from ._split_cat_util import (
     Piece,
     adjacent_pieces,
@@ -93,17 +93,10 @@ class CatPieces(NodeSetRule):
             p = piece_of(t, ctx)
             return p if p is not None and p.dim != e else None  # same dim: split_cat's
 
-        parts = piece_runs(tensors, ctx, other_dim)
-        runs = runs_of(parts)
-        if not runs:
+        found = movable_runs(node, tensors, ctx, other_dim)
+        if found is None:
             return None
-        holders = [p.holder for r in runs for p in r.pieces]
-        sources = [r.pieces[0].source for r in runs]
-        if not all_movable([*tensors, *holders, *sources], ctx) or not layout_safe(
-            node, fresh_meta(node), ctx
-        ):
-            return None
-        before = copy_cost(node, ctx) + views(dying_holders(runs, [node]))
+        parts, _, before = found
         after = copy_cost(node, ctx, inputs=len(parts))
         inputs: list[fx.Node | tuple[Any, ...]] = []
         for part in parts:

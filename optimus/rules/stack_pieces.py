@@ -27,9 +27,9 @@ from ..builder import Builder
 from ..context import RewriteContext
 from ._freshness import breaks_freshness
 from ._node_set_rule import Found, NodeSetRule
-from ._piece_runs import Run, dying_holders, piece_runs, runs_of
+from ._piece_runs import Run, movable_runs
 from ._split_cat_cost import VIEW, copy_cost, views
-from ._split_cat_layout import built_meta, fresh_meta, layout_safe
+from ._split_cat_layout import built_meta
 from ._split_cat_util import (
     adjacent_pieces,
     all_movable,
@@ -81,17 +81,10 @@ class StackPieces(NodeSetRule):
         self, node: fx.Node, tensors: Sequence[fx.Node], e: int, ctx: RewriteContext
     ) -> Found | None:
         """stack([a, *run, b], e) -> cat([a.unsqueeze(e), run as one view, b.unsqueeze(e)], e)."""
-        parts = piece_runs(tensors, ctx, lambda t: piece_of(t, ctx))
-        runs = runs_of(parts)
-        if not runs:
+        found = movable_runs(node, tensors, ctx, lambda t: piece_of(t, ctx))
+        if found is None:
             return None
-        holders = [p.holder for r in runs for p in r.pieces]
-        sources = [r.pieces[0].source for r in runs]
-        if not all_movable([*tensors, *holders, *sources], ctx) or not layout_safe(
-            node, fresh_meta(node), ctx
-        ):
-            return None
-        before = copy_cost(node, ctx) + views(dying_holders(runs, [node]))
+        parts, runs, before = found
         # an unsqueeze per other input; per run: narrow (part of its dim), unflatten, movedim (d != e)
         n_views = (
             len(parts) - len(runs) + sum(1 + int(_partial(r, ctx)) + int(r.pieces[0].dim != e) for r in runs)
