@@ -19,11 +19,17 @@ where eager's results are contiguous). On CPU with a gradient the bmm's backward
 GEMM per batch row (measured in ``vector_matmul``'s docstring): the bmm is priced at
 ``vector_matmul.PER_ROW_LAUNCHES`` launches per row, once for the T tasks. The members are priced
 by the same functions ``vector_matmul`` uses for the two single-task forms, so the two rules agree:
-on CPU in training at a large batch both prefer the multiply-and-sum (this rule declines, and
-``vector_matmul`` turns each matmul into one); at a small batch, or T large enough, one bmm wins.
+T matmuls cost T per-row backward passes, one bmm of T rows costs one, so the matmul form is
+batched even where ``vector_matmul`` would turn each matmul into a multiply and sum.
+The multiply-and-sum form in training on CPU is declined outright: measured forward+backward
+(1 thread, loaded machine) the bmm was slower at T=2, E=4, D=32 for B=64 and B=1024 (the
+backward of the per-task views and the per-row GEMMs), faster only at T=3, E=8, D=64, B=1024; the
+analytic model overprices the cache-sized [B, E, D] product and would fire at the slower shapes.
 No ping-pong: the bmm this rule builds has T >= 2 rows, which ``vector_matmul`` never rewrites,
-and T multiply-and-sums that ``vector_matmul`` made are a form this rule reads. Listed before
-``vector_matmul`` in the registry (ties go to the batched form).
+and the multiply-and-sums ``vector_matmul`` makes (on CPU, in training) are the form this rule
+declines there. Where both offer a rewrite of the same matmuls the driver applies the one the cost
+model rates higher; neither undoes the other. Listed before ``vector_matmul`` in the registry
+(ties go to the batched form).
 
 Exactness: the same products summed in another order (values within rounding); shape, dtype,
 grad mode and contiguity are eager's. Declines: not float32/float64 or the operands' dtypes differ
