@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from .base import Candidate, CleanupRule, Cost, HorizontalRule, Rule
 from .batch_embedding import BatchEmbedding
+from .batch_gate_pool import BatchGatePool
 from .batch_layer_norm import BatchLayerNorm
 from .batch_linear import BatchLinear
 from .batch_pointwise import BatchBinary, BatchUnary
 from .batch_size1_linear import BatchSize1Linear
+from .batch_slice_matmul import BatchSliceMatmul
 from .cat_gather import CatGather
 from .cat_pieces import CatPieces
 from .cat_split import CatSplit
@@ -52,7 +54,9 @@ REGISTRY: dict[str, type] = {
     "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
-    "vector_matmul": VectorMatmul,  # bmm with one row (MMoE's gate pooling), in training on CPU
+    "batch_gate_pool": BatchGatePool,  # T gate poolings of one experts tensor: one bmm (before vector_matmul)
+    "vector_matmul": VectorMatmul,
+    "batch_slice_matmul": BatchSliceMatmul,  # matmuls with slices P[e] of one tensor: one bmm over P  # bmm with one row (MMoE's gate pooling), in training on CPU
     # split/cat family (normalize_split_cat is a cleanup: it runs at the start of every round)
     "normalize_split_cat": NormalizeSplitCat,
     "split_cat": SplitCat,

@@ -36,7 +36,7 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
-from ..meta import output_requires_grad
+from ..meta import TensorMeta, output_requires_grad
 from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_layout import built_meta, layout_safe
 from .base import Cost
@@ -47,7 +47,8 @@ _DTYPES = (torch.float32, torch.float64)
 PER_ROW_LAUNCHES = 0.07  # the bmm backward's cost per batch row (0.55 us) in CPU launches (8 us)
 
 
-def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+def matmul_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two operands of a matmul/bmm call (function, operator or method), else None."""
     if node.kwargs or len(node.args) != 2:
         return None
     if not (
@@ -57,6 +58,29 @@ def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         return None
     a, s = node.args
     return (a, s) if isinstance(a, fx.Node) and isinstance(s, fx.Node) else None
+
+
+def row_matmul_cost(a: TensorMeta, s: TensorMeta, grad: bool, per_row: float) -> Cost:
+    """``matmul(a[B, M, E], s[B, E, D])`` forward (and backward with ``grad``): ``per_row``
+    launches per batch row for the bmm backward. Shared with ``batch_gate_pool`` so the two rules
+    price the same forms alike."""
+    (b, m, e), d = a.shape, s.shape[2]
+    out = float(b * m * d * a.dtype.itemsize)
+    flops = 2.0 * b * m * e * d
+    if not grad:
+        return Cost(launches=1.0, bytes=a.nbytes + s.nbytes + out, flops=flops)
+    return Cost(launches=3.0 + per_row * b, bytes=3.0 * (a.nbytes + s.nbytes + out), flops=3 * flops)
+
+
+def row_mul_sum_cost(a: TensorMeta, s: TensorMeta, grad: bool, per_row: float = 0.0) -> Cost:
+    """``(a.transpose(1, 2) * s).sum(1)`` for ``a`` [B, 1, E] or [B, E, 1] and ``s`` [B, E, D]: the
+    [B, E, D] product is written and read (forward and backward). ``per_row`` is unused (no bmm)."""
+    b, e, d = s.shape
+    product = float(b * e * d * s.dtype.itemsize)
+    flops = 2.0 * b * e * d
+    if not grad:
+        return Cost(launches=2.0, bytes=2.0 * product + a.nbytes + s.nbytes + product / e, flops=flops)
+    return Cost(launches=2.0 + 4.0, bytes=7.0 * product + 3.0 * (a.nbytes + s.nbytes), flops=3 * flops)
 
 
 def _row(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -72,7 +96,7 @@ class VectorMatmul(NodeSetRule):
     anchors = frozenset({"matmul", "bmm"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        ops = _operands(node)
+        ops = matmul_operands(node)
         if ops is None:
             return None
         a, s = ctx.meta(ops[0]), ctx.meta(ops[1])
@@ -93,18 +117,17 @@ class VectorMatmul(NodeSetRule):
         form = _row if m == 1 else _column
         if not layout_safe(node, built_meta(form, ops[0], ops[1]), ctx):
             return None
-        product = float(b * (e * n if m == 1 else m * e) * a.dtype.itemsize)
-        flops = 2.0 * b * m * e * n
-        before = Cost(
-            launches=3.0 + PER_ROW_LAUNCHES * b,
-            bytes=3.0 * (a.nbytes + s.nbytes + out.nbytes),
-            flops=3 * flops,
-        )
-        after = Cost(launches=2.0 + 4.0, bytes=7.0 * product + 3.0 * (a.nbytes + s.nbytes), flops=3 * flops)
+        before = row_matmul_cost(a, s, True, PER_ROW_LAUNCHES)
+        if m == 1:
+            after = row_mul_sum_cost(a, s, True)
+        else:  # the column form: the [B, M, E] product
+            product = float(b * m * e * a.dtype.itemsize)
+            flops = 2.0 * b * m * e * n
+            after = Cost(launches=6.0, bytes=7.0 * product + 3.0 * (a.nbytes + s.nbytes), flops=3 * flops)
         return Found((node,), before, after, "row" if m == 1 else "column")
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node] | None:
-        ops = _operands(members[0])
+        ops = matmul_operands(members[0])
         if ops is None:
             return None
         x, y = ops
@@ -115,4 +138,4 @@ class VectorMatmul(NodeSetRule):
         return [b.call(torch.sum, product, 2, keepdim=True)]
 
 
-__all__ = ["VectorMatmul"]
+__all__ = ["PER_ROW_LAUNCHES", "VectorMatmul", "matmul_operands", "row_matmul_cost", "row_mul_sum_cost"]
