@@ -224,7 +224,7 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     by_name = {r.name: r for r in state.rules}
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
-    memory = MemoryGate(ctx.live, state.config)
+    memory = MemoryGate(ctx, state.config)
     for cand in candidates:
         if cand.gain <= 0:
             _count(report.declined, cand.rule)

@@ -9,31 +9,50 @@ Within a round the graph's estimate (``RewriteContext.live``) is not rebuilt aft
 rewrite, so the gate keeps an upper bound: every rewrite taken this round may have added its
 bytes anywhere (``added``), and the peak is at most the largest projection taken so far. The
 next round starts again from an exact estimate of the rewritten graph.
+
+With the default settings (``memory_margin`` 0.0, no budget) no rewrite the driver would take
+can be refused (it is taken only when it saves time), so the gate is inert and reads no
+estimate: the O(n) estimate is then not paid for every round.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .candidate import Candidate
 from .config import OptimusConfig
-from .memory import LiveEstimate
+
+if TYPE_CHECKING:
+    from .context import RewriteContext
+    from .memory import LiveEstimate
 
 
 @dataclass
 class MemoryGate:
-    est: LiveEstimate
+    ctx: RewriteContext  # the round's context: its estimate is read only when the gate is active
     config: OptimusConfig
     added: float = 0.0  # live bytes the rewrites taken this round may have added
-    peak: float = field(init=False)  # bound on the estimated peak after those rewrites
+    _peak: float | None = None  # bound on the estimated peak after those rewrites (read lazily)
 
-    def __post_init__(self) -> None:
-        self.peak = self.est.peak
+    @property
+    def active(self) -> bool:
+        return self.config.memory_margin > 0 or self.config.memory_budget_bytes is not None
+
+    @property
+    def est(self) -> LiveEstimate:
+        return self.ctx.live
+
+    @property
+    def peak(self) -> float:
+        if self._peak is None:
+            self._peak = self.est.peak
+        return self._peak
 
     def refusal(self, cand: Candidate) -> str | None:
         """Why ``cand`` may not be taken (a ``declined_reasons`` key), or None."""
         delta = cand.live_delta
-        if delta <= 0:
+        if delta <= 0 or not self.active:
             return None
         projected = max((self.est.at(n) for n in cand.nodes), default=0.0) + self.added + delta
         budget = self.config.memory_budget_bytes
@@ -46,7 +65,7 @@ class MemoryGate:
     def take(self, cand: Candidate) -> None:
         """Record a rewrite the driver applied."""
         delta = cand.live_delta
-        if delta > 0:
+        if delta > 0 and self.active:
             projected = max((self.est.at(n) for n in cand.nodes), default=0.0) + self.added + delta
-            self.peak = max(self.peak, projected)
+            self._peak = max(self.peak, projected)
             self.added += delta
