@@ -173,6 +173,26 @@ def peer_run_info() -> dict[str, Any]:
 
 _RUNTIME_STACK = [False]  # set by data_parallel_training(): no re-layout (see there)
 _MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
+_COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
+
+
+@contextlib.contextmanager
+def cost_model(name: str | None) -> Iterator[None]:
+    """Optimus modes prepared inside this block price candidates with the named cost model
+    (``"analytic"``, the default, or ``"measured"``: constants timed on this device,
+    optimus.cost_measured); ``None`` leaves the default.
+
+    WHY: the rules should fire only where they are faster on the device at hand; on a GPU the
+    analytic constants are a guess, and ``harness.profile_cell`` compares both to show which
+    rewrites the measured constants would keep.
+    """
+    if name not in (None, "analytic", "measured"):
+        raise ValueError(f"cost model: unknown {name!r}; allowed: analytic, measured")
+    _COST_MODEL[0] = name
+    try:
+        yield
+    finally:
+        _COST_MODEL[0] = None
 
 
 @contextlib.contextmanager
@@ -222,7 +242,13 @@ def _optimize_relayout(
     from optimus.layout_relayout import RelayoutParams
 
     layout = RuntimeStack() if _RUNTIME_STACK[0] else RelayoutParams()
-    config = optimus.OptimusConfig(layout=layout, cost_model=optimus.AnalyticCostModel(inductor=inductor))
+    if _COST_MODEL[0] == "measured":
+        from optimus.cost_measured import MeasuredCostModel
+
+        model: Any = MeasuredCostModel(inductor=inductor)
+    else:
+        model = optimus.AnalyticCostModel(inductor=inductor)
+    config = optimus.OptimusConfig(layout=layout, cost_model=model)
     if _MEMORY_MARGIN[0] is not None:
         config = config.with_(memory_margin=_MEMORY_MARGIN[0])
     t0 = time.perf_counter()
