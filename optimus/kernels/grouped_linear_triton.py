@@ -194,15 +194,57 @@ def grouped_mm_row_sums(
     return out, [s.to(x.dtype) for s, x in zip(sums, a, strict=True)]
 
 
+_TABLE_CACHE_SIZE = 64  # distinct launches whose device tables are kept (a model has a few)
+
+
+class _TableCache:
+    """Device copies of launch tables, keyed by their exact contents (and device and stream).
+
+    WHY: building a table means a host tensor, a pinned copy and a host-to-device copy per
+    launch. On an H200 in a compiled 0.35 ms dlrm `tiny` step that host work made the step
+    slower than the separate GEMMs it replaced (results/gpu-run/). A compiled step's buffers
+    come back from the caching allocator at the same addresses call after call, so the same
+    table recurs, and a table whose contents equal the key is correct to reuse whatever it
+    came from: the kernel only reads it. Least recently used tables are dropped past
+    ``_TABLE_CACHE_SIZE``.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tables: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (device, stream, dtype, *values)
+        table = self.tables.pop(key, None)
+        if table is None:
+            self.misses += 1
+            table = _to_device(torch.tensor(values, dtype=dtype), device)
+            if len(self.tables) >= self.size:
+                self.tables.pop(next(iter(self.tables)))
+        else:
+            self.hits += 1
+        self.tables[key] = table  # most recently used last
+        return table
+
+    def clear(self) -> None:
+        self.tables.clear()
+        self.hits = self.misses = 0
+
+
+TABLES = _TableCache(_TABLE_CACHE_SIZE)
+
+
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` on ``device`` without waiting for the stream.
 
     WHY: a plain ``.to(cuda)`` of pageable memory returns only once the copy is done, so the host
-    waits for every kernel queued before it: a stall per launch. In a 1 ms compiled step (dlrm
-    `tiny` on an H200, results/gpu-run/) `group_linear` cost 0.41 ms that way. Copied from pinned
-    memory with ``non_blocking=True`` the copy is queued like a kernel; PyTorch's caching host
-    allocator keeps the pinned block until the copy has run, so freeing ``host`` at once is safe.
-    Elsewhere (the CPU interpreter) it is a plain ``.to``.
+    waits for every kernel queued before it: a stall per launch. Copied from pinned memory with
+    ``non_blocking=True`` the copy is queued like a kernel; PyTorch's caching host allocator keeps
+    the pinned block until the copy has run, so freeing ``host`` at once is safe. Elsewhere (the
+    CPU interpreter) it is a plain ``.to``.
     """
     if device.type != "cuda":
         return host.to(device)
@@ -230,7 +272,7 @@ def _grouped_mm(
         raise ValueError(f"the Triton grouped kernel runs on CUDA (or with TRITON_INTERPRET=1), not {device}")
     mnk = [(x.shape[0], w.shape[1], x.shape[1]) for x, w in zip(a, b, strict=True)]
     out = [torch.empty(m, n, dtype=dtype, device=device) for m, n, _ in mnk]
-    sums = [torch.zeros(m if row_sums else 0, dtype=torch.float32, device=device) for m, _, _ in mnk]
+    sums = [torch.zeros(m, dtype=torch.float32, device=device) for m, _, _ in mnk] if row_sums else []
     if bias is not None and len(bias) != len(a):
         raise ValueError(f"got {len(bias)} biases for {len(a)} groups")
     bm, bn, bk = blocks_for(mnk)
@@ -243,21 +285,21 @@ def _grouped_mm(
     for n in counts:
         starts.append(starts[-1] + n)
     g = len(a)
-    biases = list(bias) if bias is not None else list(out)  # unread when there is no bias
-    host = torch.tensor(
+    biases = list(bias) if bias is not None else out  # unread when there is no bias
+    table = TABLES.get(
         [t.data_ptr() for t in a]
         + [t.data_ptr() for t in b]
         + [t.data_ptr() for t in out]
         + [t.data_ptr() for t in biases]
-        + [t.data_ptr() for t in sums]
+        + [t.data_ptr() for t in (sums if row_sums else out)]  # unread without ROW_SUMS
         + [v for d in mnk for v in d]
         + [v for x, w, c in zip(a, b, out, strict=True) for v in (*x.stride(), *w.stride(), c.stride(0))],
-        dtype=torch.int64,
+        torch.int64,
+        device,
     )
-    table = _to_device(host, device)
     ptrs = table[: 5 * g].view(5, g)
     dims, strides = table[5 * g : 8 * g], table[8 * g :]
-    tile_start = _to_device(torch.tensor(starts, dtype=torch.int32), device)
+    tile_start = TABLES.get(starts, torch.int32, device)
     _jitted(interpreting())[(total,)](
         a[0],
         ptrs[0],

@@ -179,3 +179,47 @@ def test_autocast_casts_like_f_linear(backend: str) -> None:
     for g, r in zip(grads, ref, strict=True):
         assert g.dtype == r.dtype == torch.float32
         torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2)
+
+
+@needs_triton
+def test_launch_tables_are_reused_only_when_their_contents_match() -> None:
+    """The device-table cache (kernels.grouped_linear_triton.TABLES): a repeat launch on the same
+    buffers reuses its tables; new buffers, new shapes or another dtype build new ones, and every
+    launch's result is still F.linear's."""
+    from optimus.kernels import grouped_linear_triton as gl
+
+    gl.TABLES.clear()
+    torch.manual_seed(0)
+    shapes = [(5, 7, 3), (4, 9, 6)]  # (M, K, N)
+    xs = [torch.randn(m, k) for m, k, _ in shapes]
+    ws = [torch.randn(n, k) for _, k, n in shapes]
+    bs = [torch.randn(n) for _, _, n in shapes]
+    for _ in range(3):
+        out = gl.linear_forward(xs, ws, bs, "none")
+        for o, x, w, b in zip(out, xs, ws, bs, strict=True):
+            torch.testing.assert_close(o, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        # fresh outputs are allocated per launch; on CPU their addresses may differ, so only
+        # the launches with identical tables may hit
+    misses_same = gl.TABLES.misses
+    hits_same = gl.TABLES.hits
+    assert misses_same + hits_same == 6  # two tables per launch
+    xs2 = [x.clone() for x in xs]  # other addresses: a new pointer table, the same tile table
+    out2 = gl.linear_forward(xs2, ws, bs, "none")
+    for o, x, w, b in zip(out2, xs2, ws, bs, strict=True):
+        torch.testing.assert_close(o, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert gl.TABLES.misses >= misses_same + 1
+    assert gl.TABLES.hits >= hits_same + 1  # the tile-start table is the same
+    gl.TABLES.clear()
+    keep = gl.TABLES.size
+    try:
+        gl.TABLES.size = 2
+        for v in range(5):
+            gl.TABLES.get([v, v + 1], torch.int64, torch.device("cpu"))
+        assert len(gl.TABLES.tables) == 2
+        assert gl.TABLES.get([4, 5], torch.int64, torch.device("cpu")).tolist() == [4, 5]
+        assert gl.TABLES.hits == 1
+        assert gl.TABLES.get([1, 2], torch.int32, torch.device("cpu")).dtype == torch.int32
+        assert gl.TABLES.misses == 6  # evicted, rebuilt
+    finally:
+        gl.TABLES.size = keep
+        gl.TABLES.clear()
