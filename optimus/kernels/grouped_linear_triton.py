@@ -216,7 +216,7 @@ class _TableCache:
         self.misses = 0
 
     def get(self, values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        stream = _raw_stream(device) if device.type == "cuda" else 0
         key = (device, stream, dtype, *values)
         table = self.tables.pop(key, None)
         if table is None:
@@ -235,6 +235,17 @@ class _TableCache:
 
 
 TABLES = _TableCache(_TABLE_CACHE_SIZE)
+
+
+def _raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle. ``torch._C._cuda_getCurrentRawStream`` is what
+    Inductor's own generated code calls; ``torch.cuda.current_stream`` builds a Stream object and
+    cost 17 us per call on the H200's host, a tenth of a grouped launch."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if raw is None:
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    return int(raw(index))
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -27,7 +27,10 @@ GROUPED = torch.ops.optimus.grouped_linear.default
 
 class TritonLikeCUDA(AnalyticCostModel):
     """Prices the CPU like a CUDA device and offers the Triton form there: what the rule decides
-    on a GPU, run on CPU through Triton's interpreter."""
+    on a GPU, run on CPU through Triton's interpreter. It prices the kernel alone (no host time
+    per call), so these tests see the form fire at G = 6."""
+
+    grouped_kernel_host_launches = 0.0
 
     def grouped_linear_backends(self, device: torch.device) -> tuple[str, ...]:
         return ("triton",)
@@ -245,3 +248,24 @@ def test_inductor_places_the_grouped_op(interpret: None, monkeypatch: pytest.Mon
     torch.testing.assert_close(out, mod(x))
     out.sum().backward()
     assert all(p.grad is not None for p in mod.parameters())
+
+
+def test_gpu_pricing_keeps_small_groups_apart_for_the_kernels_host_time(interpret: None) -> None:
+    """Priced with the Triton form's measured host time per call (group_linear
+    TRITON_HOST_LAUNCHES), three different-width linears on a CUDA-priced device stay separate:
+    on the H200 that group made a compiled dlrm step slower. Priced without it they group."""
+
+    class WithHostTime(AnalyticCostModel):
+        def grouped_linear_backends(self, device: torch.device) -> tuple[str, ...]:
+            return ("triton",)
+
+    torch.manual_seed(0)
+    widths = WIDTHS[:3]
+    mod, xs = Projections(widths), [torch.randn(5, sum(k for k, _ in widths))]
+    gm = optimus.optimize(fx.symbolic_trace(mod), tuple(xs), rules=RULES, cost_model=WithHostTime(cpu=CUDA))
+    assert gm.optimus_report.rules_fired == {}
+    assert gm.optimus_report.declined == {"group_linear": 1}
+    assert count_calls(gm, F.linear) == 3
+    gm = optimus.optimize(fx.symbolic_trace(mod), tuple(xs), rules=RULES, cost_model=TritonLikeCUDA(cpu=CUDA))
+    assert gm.optimus_report.rules_fired == {"group_linear": 1}
+    assert_parity(mod, gm, xs)
