@@ -2,7 +2,7 @@
 
     python -m harness.profile_cell --model dcn --scale tiny --device cuda \\
         --modes compile,compile+optimus --out-dir DIR [--provider P] [--phase infer|train]
-        [--cost-model analytic|measured] [--steps N] [--top K]
+        [--cost-model analytic|measured] [--steps N] [--top K] [--threads T]
 
 WHY: a speedup figure says *that* a cell missed its target, not *why*. Issue #16 asks for the
 time of each missed cell broken down; this runs the same preparation as a harness cell
@@ -143,7 +143,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Profile: {result['model']} {result['scale']} {result['phase']} on {result['device']}",
         "",
-        f"{result['steps']} profiled steps per mode; {ms[0]['profiled'] if ms else ''}, per step;"
+        f"{result['steps']} profiled steps per mode, {result.get('threads', '?')} thread(s);"
+        f" {ms[0]['profiled'] if ms else ''}, per step;"
         f" cost model {result['cost_model']}. Wall step times are medians without the profiler.",
         "",
         "| | " + " | ".join(m["mode"] for m in ms) + " |",
@@ -183,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1, as the committed runs)"
+    )
     ap.add_argument("--out-dir", required=True)
     a = ap.parse_args(argv)
-    if a.steps < 1 or a.top < 1:
-        print("profile_cell: error: --steps and --top must be >= 1", file=sys.stderr)
+    if a.steps < 1 or a.top < 1 or a.threads < 1:
+        print("profile_cell: error: --steps, --top and --threads must be >= 1", file=sys.stderr)
         return exit_codes.BAD_INPUT
     from harness import mode_registry
 
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print("profile_cell: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return exit_codes.BAD_INPUT
     modes.disable_compile_caches()
+    torch.set_num_threads(a.threads)
     b = cell.build_model(a.provider, a.model, a.scale, a.device, a.seed)
     result: dict[str, Any] = {
         "model": a.model,
@@ -210,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "provider": a.provider,
         "cost_model": a.cost_model,
         "steps": a.steps,
+        "threads": a.threads,
         "torch": torch.__version__,
         "modes": [],
     }
