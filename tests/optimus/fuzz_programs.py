@@ -91,6 +91,9 @@ MATMUL_FORMS = {
     "tensordot": "torch.tensordot({s}, self.m{i}, dims=([-1], [0]))",
 }
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
+# A region around a whole MMoE block: no_grad half the time (the multiply-sum pooling is batched
+# only without a gradient).
+BLOCK_REGIONS = ("no_grad", "", "enable_grad", "autocast")
 SOURCES = ("x", "z", "h")
 CONSUMERS = ("", "view", "as_strided", "t_view", "add_", "relu_", "iadd")
 INPLACE = ("add_", "relu_", "iadd")
@@ -241,7 +244,7 @@ def _gate_pool_group(c: Choices) -> list[Member]:
     grad-mode/autocast regions around some tasks or the whole block (the multiply-sum form is
     batched only without a gradient, and never under autocast)."""
     form, experts = c.choice(tuple(GATE_FORMS)), c.choice(tuple(EXPERTS))
-    block = _weighted(c, REGIONS, 1) if c.integer(0, 1) else None
+    block = _weighted(c, BLOCK_REGIONS, 3) if c.integer(0, 1) else None
     members = []
     for _ in range(c.integer(2, 4)):
         m = _member(c, "gate_pool", c.choice(SOURCES))
@@ -552,11 +555,12 @@ def forward_source(spec: Spec) -> str:
     while k < len(members):
         region = members[k].region
         block = [k]
-        if region and spec.shared_blocks:
+        if region:  # neighbours share the block (members of one group always: one `with` per block)
             while (
                 block[-1] + 1 < len(members)
                 and members[block[-1] + 1].region == region
                 and not builds_experts(block[-1] + 1)
+                and (spec.shared_blocks or members[k].kind == members[block[-1] + 1].kind in GROUP_KINDS)
             ):
                 block.append(block[-1] + 1)
         if builds_experts(k):  # outside any region, after the members that write the sources
