@@ -17,6 +17,7 @@ from torch import fx
 
 from .builder import Builder
 from .candidate import Candidate, Cost
+from .effects import mutated_args
 from .graph_index import GraphIndex, group_by_key, stab_groups
 from .layout import ParamLayout, RuntimeStack
 from .memory import LiveEstimate, estimate
@@ -50,6 +51,7 @@ class RewriteContext:
         self.leftovers: list[fx.Node] = []
         self.declines: dict[str, int] = {}  # reason -> count: rewrites refused for safety
         self._live: LiveEstimate | None = None
+        self._grad_reaching: set[fx.Node] | None = None
 
     @property
     def live(self) -> LiveEstimate:
@@ -167,15 +169,45 @@ class RewriteContext:
     ) -> dict[Hashable, list[fx.Node]]:
         """Members whose eager outputs differ in ``requires_grad`` are never batched: one stacked
         result would require grad for all of them, and a caller sees the flag (``.numpy()`` raises,
-        ``.grad_fn`` is set). Unknown flags group only with unknown ones."""
+        ``.grad_fn`` is set). Unknown flags group only with unknown ones.
+
+        Nor are members a gradient can reach (:attr:`grad_reaching`) batched with members that
+        require grad but that no gradient reaches (read only under ``no_grad`` or through
+        ``.detach()``): in eager the latter's parameters and inputs keep ``.grad`` None, while the
+        backward of one stacked or concatenated weight or input hands them zeros."""
         out: dict[Hashable, list[fx.Node]] = {}
+        reaching = self.grad_reaching
         for k, members in buckets.items():
             flags = [output_requires_grad(n) for n in members]
             if len(set(flags)) > 1:
                 self.decline(f"{rule_name}: grouping values with and without requires_grad")
-            for node, flag in zip(members, flags, strict=True):
-                out.setdefault((flag, k), []).append(node)
+            reached = [flag is not False and n in reaching for n, flag in zip(members, flags, strict=True)]
+            if len(set(flags)) == 1 and len(set(reached)) > 1:
+                self.decline(f"{rule_name}: grouping values a gradient reaches with values it does not")
+            for node, flag, hit in zip(members, flags, reached, strict=True):
+                out.setdefault((flag, hit, k), []).append(node)
         return out
+
+    @property
+    def grad_reaching(self) -> set[fx.Node]:
+        """Nodes a gradient from what the caller sees can reach: those read by the graph's output
+        or by an op that writes in place (the written value may be read later), or by a node in
+        this set whose output requires grad (or is not known to be a single tensor). A value whose
+        every reader records no autograd (runs under ``no_grad``, ``.detach()``) is not in it.
+        Computed once per round, walking the graph backwards."""
+        if self._grad_reaching is None:
+            reaching: set[fx.Node] = set()
+            for node in reversed(self.index.nodes):
+                for user in node.users:
+                    if (
+                        user.op == "output"
+                        or (user in reaching and output_requires_grad(user) is not False)
+                        or mutated_args(user, self.index.canons.get(user))
+                    ):
+                        reaching.add(node)
+                        break
+            self._grad_reaching = reaching
+        return self._grad_reaching
 
     # -- committing / undoing ------------------------------------------------------------------------
     def _label(self, node: fx.Node) -> float:

@@ -399,7 +399,14 @@ def _simpler(spec: Spec) -> list[Spec]:
         if len(ms) > 1:
             out.append(replace(spec, members=ms[:k] + ms[k + 1 :]))
     for k, m in enumerate(ms):
-        for change in ({"region": ""}, {"consumer": ""}, {"keep": False}, {"src": "x"}, {"src": "z"}):
+        for change in (
+            {"region": ""},
+            {"consumer": ""},
+            {"keep": False},
+            {"writes": False},
+            {"src": "x"},
+            {"src": "z"},
+        ):
             m2 = legalize(replace(m, **change))  # type: ignore[arg-type]
             if m2 != m:
                 out.append(replace(spec, members=(*ms[:k], m2, *ms[k + 1 :])))

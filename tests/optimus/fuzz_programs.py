@@ -53,6 +53,37 @@ KINDS = (
     "matmul_param",  # s @ W with W a parameter, as @, torch.matmul or tensordot (matmul_as_linear)
     "size1",  # nn.Linear(1, hidden) of one column of s (batch_size1_linear)
 )
+# Kinds that only make sense as a group sharing one tensor: drawn by their own group generator
+# (GROUPS), after every draw of the kinds above, so adding them kept each seed's other members.
+GROUP_KINDS = (
+    "gate_pool",  # one MMoE task: softmax(Linear(s)) pools a shared experts tensor (batch_gate_pool)
+    "slice_matmul",  # s @ P[e] with P[e] a slice of a shared [n, width, hidden] parameter (batch_slice_matmul)
+)
+# How a task pools the experts ``ex`` [B, E, D] with its gate ``g`` [B, E].
+GATE_FORMS = {
+    "matmul": "torch.matmul({g}.unsqueeze(1), {ex}).squeeze(1)",  # DeepCTR's MMOE
+    "op": "({g}.unsqueeze(1) @ {ex}).squeeze(1)",
+    "bmm": "torch.bmm({g}.unsqueeze(1), {ex}).squeeze(1)",
+    "mul_sum": "({g}.unsqueeze(-1) * {ex}).sum(1)",  # this repository's mmoe
+    "torch_sum": "torch.sum({ex} * {g}.unsqueeze(-1), dim=1)",
+}
+# How the shared experts tensor is built (``Member.shared`` of a gate_pool member).
+EXPERTS = {
+    "stack": "torch.stack([torch.relu(e(x)) for e in self.experts], dim=1)",
+    "view": "self.experts_all(x).view(-1, {e}, {d})",  # one Linear to E * D, viewed [B, E, D]
+}
+N_EXPERTS = 3
+BIG_BATCH = 48  # some programs with an MMoE block run at this batch (see generate)
+# How a slice P[e] multiplies its input (``Member.variant`` of a slice_matmul member); "read" is
+# "op" with the slice also read by something else (a penalty on the weight, returned).
+SLICE_FORMS = {
+    "op": "{s} @ {w}",
+    "matmul": "torch.matmul({s}, {w})",
+    "left_t": "torch.matmul({w}.t(), {s}.unsqueeze(2)).squeeze(2)",  # DCN-Mix: V[i][e].t() @ x
+    "read": "{s} @ {w}",
+}
+SLICED = {"P": "self.P[{e}]", "P4": "self.P4[1][{e}]"}  # P [n, width, hidden], P4 [2, n, width, hidden]
+SLICE_ORDERS = ("consecutive", "from_one", "reversed", "gap")
 FUSABLE = ("tower", "tower", "gated", "linear", "split_pw", "embedding", "matmul_param", "size1")
 MATMUL_FORMS = {
     "op": "{s} @ self.m{i}",
@@ -60,6 +91,9 @@ MATMUL_FORMS = {
     "tensordot": "torch.tensordot({s}, self.m{i}, dims=([-1], [0]))",
 }
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
+# A region around a whole MMoE block: no_grad half the time (the multiply-sum pooling is batched
+# only without a gradient).
+BLOCK_REGIONS = ("no_grad", "", "enable_grad", "autocast")
 SOURCES = ("x", "z", "h")
 CONSUMERS = ("", "view", "as_strided", "t_view", "add_", "relu_", "iadd")
 INPLACE = ("add_", "relu_", "iadd")
@@ -85,8 +119,10 @@ SPLIT_SOURCES = ("plain", "view", "contiguous", "slice", "w_t")
 @dataclass(frozen=True)
 class Member:
     """One statement group of ``forward``: ``kind`` on source ``src``, inside ``region``, its result
-    read by ``consumer``. ``variant`` picks the op (activation, random op, view); ``keep`` also
-    returns the intermediate (the Linear output of a tower, or the value before ``consumer``)."""
+    read by ``consumer``. ``variant`` picks the op (activation, random op, view, pooling or slice
+    matmul spelling); ``keep`` also returns the intermediate (the Linear output of a tower, the
+    pooled value of an MMoE task, the product of a slice matmul, or the value before ``consumer``).
+    ``shared``, ``slot`` and ``writes`` are for the GROUP_KINDS, whose members share a tensor."""
 
     kind: str
     src: str = "x"
@@ -94,6 +130,9 @@ class Member:
     consumer: str = ""
     variant: str = ""
     keep: bool = False
+    shared: str = ""  # the tensor a group member shares: EXPERTS key (gate_pool), SLICED key (slice_matmul)
+    slot: int = 0  # slice_matmul: the slice e of P[e]
+    writes: bool = False  # gate_pool: writes its experts tensor in place after its pooling
 
 
 @dataclass(frozen=True)
@@ -153,10 +192,17 @@ def legalize(m: Member) -> Member:
       change the output relu_'s backward reads): ``add_`` instead;
     - no ``.view(-1)`` of a view eager cannot flatten (a slice, a transpose);
     - no in-place write on a tanh result (``alias_inplace``);
-    - members without a tensor result (``*_unused``) have no consumer.
+    - members without a tensor result (``*_unused``) have no consumer;
+    - a gate_pool member that writes its experts in place pools under ``no_grad`` (a pooling with
+      grad saves the experts for backward, and a later write would break eager's backward); the
+      writers run first (:func:`generate`), so every pooling with grad reads the written tensor.
     """
     if m.kind in ("bn_unused", "random_unused"):
         return replace(m, consumer="", keep=False)
+    if m.writes and m.kind != "gate_pool":
+        m = replace(m, writes=False)
+    if m.writes and m.region != "no_grad":
+        m = replace(m, region="no_grad")
     if m.consumer in INPLACE and m.kind in ("tower", "gated", "split_pw") and m.variant in ACTS_SAVING_OUTPUT:
         m = replace(m, variant="gelu")
     if writes_leaf(m):
@@ -190,6 +236,61 @@ def mutates_source(m: Member) -> bool:
     return m.kind == "view_out" and m.consumer in INPLACE
 
 
+def _gate_pool_group(c: Choices) -> list[Member]:
+    """2..4 tasks of an MMoE/PLE block: each pools one experts tensor with ``softmax(Linear(s))``.
+    Mostly one spelling and one experts tensor per block (what batch_gate_pool batches); sometimes
+    a task spelled otherwise or pooling the other experts tensor (a group the rule must split), a
+    task that writes the experts in place after its pooling (no pooling may move across it), and
+    grad-mode/autocast regions around some tasks or the whole block (the multiply-sum form is
+    batched only without a gradient, and never under autocast)."""
+    form, experts = c.choice(tuple(GATE_FORMS)), c.choice(tuple(EXPERTS))
+    block = _weighted(c, BLOCK_REGIONS, 3) if c.integer(0, 1) else None
+    members = []
+    for _ in range(c.integer(2, 4)):
+        m = _member(c, "gate_pool", c.choice(SOURCES))
+        m = replace(
+            m,
+            variant=form if c.integer(0, 4) else c.choice(tuple(GATE_FORMS)),
+            shared=experts if c.integer(0, 5) else c.choice(tuple(EXPERTS)),
+            writes=c.integer(0, 7) == 0,
+            region=m.region if block is None else block,
+        )
+        members.append(legalize(m))
+    return members
+
+
+def _slice_matmul_group(c: Choices) -> list[Member]:
+    """2..4 DCN-Mix experts: ``s @ P[e]`` over slices of one parameter. The slices are consecutive
+    (from 0 or from 1), reversed, or have a gap (the rule batches only a consecutive run); a slice
+    may be read by something else (``read``: a penalty on it) or returned (``keep``); sometimes a
+    member slices the other parameter. Regions: one around the whole group, or per member."""
+    form, param = c.choice(tuple(SLICE_FORMS)), c.choice(tuple(SLICED))
+    block = _weighted(c, REGIONS, 1) if c.integer(0, 1) else None
+    n = c.integer(2, 4)
+    order = c.choice(SLICE_ORDERS)
+    slots = list(range(1 if order == "from_one" else 0, n + (order == "from_one")))
+    if order == "reversed":
+        slots.reverse()
+    elif order == "gap":
+        slots = [e + (e >= n // 2) for e in slots]  # 0, 2 / 0, 2, 3 / 0, 1, 3, 4
+    members = []
+    for e in slots:
+        m = _member(c, "slice_matmul", c.choice(SOURCES))
+        m = replace(
+            m,
+            variant=form if c.integer(0, 4) else c.choice(tuple(SLICE_FORMS)),
+            shared=param if c.integer(0, 5) else c.choice(tuple(SLICED)),
+            slot=e,
+            region=m.region if block is None else block,
+        )
+        members.append(legalize(m))
+    return members
+
+
+# Group generators of GROUP_KINDS (kind k is drawn when bit k of the last draw of :func:`generate` is set).
+GROUPS = {"gate_pool": _gate_pool_group, "slice_matmul": _slice_matmul_group}
+
+
 def generate(c: Choices, max_groups: int = 3) -> Spec:
     """A program of 1..``max_groups`` groups of members of one kind (2..8 towers, linears or split
     pieces: batching pays from about six members; 1..3 of the other kinds) (same-kind members are
@@ -216,6 +317,20 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         train=c.integer(0, 4) > 0,
         shared_blocks=c.integer(0, 1) == 1,
     )
+    # Drawn last, so that each seed's program above is what it was before these kinds existed:
+    # 0 none, 1 an MMoE block, 2 a DCN-Mix expert group, 3 both.
+    groups = c.integer(0, 3)
+    more = [m for k, kind in enumerate(GROUP_KINDS) if groups & (1 << k) for m in GROUPS[kind](c)]
+    if more:
+        members = [*spec.members, *more]
+        if groups & 1 and c.integer(0, 1):
+            # a batch where batching the poolings pays in training: on CPU the bmm's backward
+            # costs per batch row, and T pooling matmuls cost T times that (batch_gate_pool)
+            spec = replace(spec, batch=BIG_BATCH)
+        # stable: the writers of a source first, then the tasks that write their experts (which
+        # are built after the sources' writes: a Linear saves its input for backward)
+        members.sort(key=lambda m: (not mutates_source(m), not m.writes))
+        spec = replace(spec, members=tuple(members))
     return spec
 
 
@@ -239,6 +354,20 @@ def features(spec: Spec) -> set[str]:
             out.add(f"random:{m.variant}")
         if m.kind in ("view_out", "alias_inplace", "split_cat", "stack_unbind"):
             out.add(f"{m.kind}:{m.variant}")
+        if m.kind in GROUP_KINDS:
+            out |= {f"{m.kind}:{m.variant}", f"{m.kind}:{m.shared}"}
+        if m.writes:
+            out.add(f"{m.kind}:writes")
+    for kind in GROUP_KINDS:
+        group = [m for m in spec.members if m.kind == kind]
+        if len({m.region for m in group}) > 1:
+            out.add(f"{kind}:regions")  # some members in another grad-mode/autocast region
+    slots = [m.slot for m in spec.members if m.kind == "slice_matmul"]
+    if len(slots) > 1:
+        if sorted(slots) != list(range(min(slots), min(slots) + len(slots))):
+            out.add("slice_matmul:gap")
+        elif slots != sorted(slots):
+            out.add("slice_matmul:reversed")
     return out
 
 
@@ -300,6 +429,36 @@ def _consume(consumer: str, v: str, spec: Spec) -> list[str]:
     return []
 
 
+def _gate_pool_lines(m: Member, i: int) -> tuple[list[str], list[str]]:
+    """(statements, extra returned values) of task ``i`` of an MMoE block: its gate, its pooling
+    of the experts, the write of the experts, its task head (``keep``: the pooled value is returned
+    too, raw: its strides and memory are the caller's to see)."""
+    ex = f"ex_{m.shared}"
+    gate = (
+        f"torch.softmax(self.tg{i}({m.src}), dim=-1)" if i % 2 else f"F.softmax(self.tg{i}({m.src}), dim=1)"
+    )
+    lines = [f"g{i} = {gate}", f"p{i} = {GATE_FORMS[m.variant].format(g=f'g{i}', ex=ex)}"]
+    lines += [f"{ex}.mul_(0.5)"] if m.writes else []
+    return [*lines, f"o{i} = self.head{i}(p{i})"], [f"p{i}"] if m.keep else []
+
+
+def _slice_matmul_lines(m: Member, i: int) -> tuple[list[str], list[str]]:
+    """(statements, extra returned values) of expert ``m.slot`` of a DCN-Mix layer: its matmul
+    with the slice, then ``tanh`` (``gelu`` when an in-place consumer follows: tanh's backward
+    reads its output). ``keep`` returns the raw product too; ``read`` also returns a penalty on
+    the slice."""
+    w = SLICED[m.shared].format(e=m.slot)
+    lines, outs = [], []
+    if m.variant == "read":
+        lines += [f"w{i} = {w}", f"n{i} = (w{i} * w{i}).sum()"]
+        outs += [f"n{i}"]
+        w = f"w{i}"
+    lines += [f"y{i} = {SLICE_FORMS[m.variant].format(s=m.src, w=w)}"]
+    outs += [f"y{i}"] if m.keep else []
+    act = "F.gelu" if m.consumer in INPLACE else "torch.tanh"
+    return [*lines, f"o{i} = {act}(y{i})"], outs
+
+
 def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     """(statements, names of the values returned) of member ``i``."""
     s, o = m.src, f"o{i}"
@@ -345,6 +504,12 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     elif m.kind == "size1":
         col = i % spec.width
         lines += [f"{o} = self.lin{i}({s}[:, {col}:{col + 1}])"]
+    elif m.kind == "gate_pool":
+        more, outs = _gate_pool_lines(m, i)
+        lines += more
+    elif m.kind == "slice_matmul":
+        more, outs = _slice_matmul_lines(m, i)
+        lines += more
     elif m.kind == "view_out":
         lines += [f"{o} = {_view_code(m.variant, s, i, spec)}"]
         if writes_under_no_grad(m):  # the write is the effect; autograd forbids reading the view
@@ -361,7 +526,7 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     else:
         raise ValueError(f"unknown member kind {m.kind!r}")
     if o:
-        if m.keep and m.kind != "tower":
+        if m.keep and m.kind not in ("tower", "gate_pool", "slice_matmul"):
             lines.append(f"k{i} = {o}")
             outs.append(f"k{i}")
         lines += _consume(m.consumer, o, spec)
@@ -382,12 +547,27 @@ def forward_source(spec: Spec) -> str:
     outs: list[str] = []
     k = 0
     members = spec.members
+    pending = {m.shared for m in members if m.kind == "gate_pool"}  # experts not built yet
+
+    def builds_experts(j: int) -> bool:
+        return members[j].kind == "gate_pool" and members[j].shared in pending
+
     while k < len(members):
         region = members[k].region
         block = [k]
-        if region and spec.shared_blocks:
-            while block[-1] + 1 < len(members) and members[block[-1] + 1].region == region:
+        if region:  # neighbours share the block (members of one group always: one `with` per block)
+            while (
+                block[-1] + 1 < len(members)
+                and members[block[-1] + 1].region == region
+                and not builds_experts(block[-1] + 1)
+                and (spec.shared_blocks or members[k].kind == members[block[-1] + 1].kind in GROUP_KINDS)
+            ):
                 block.append(block[-1] + 1)
+        if builds_experts(k):  # outside any region, after the members that write the sources
+            body.append(
+                f"ex_{members[k].shared} = {EXPERTS[members[k].shared].format(e=N_EXPERTS, d=spec.hidden)}"
+            )
+            pending.discard(members[k].shared)
         lines: list[str] = []
         for j in block:
             more, names = _emit_member(members[j], j, spec)
@@ -425,9 +605,30 @@ def init_source(spec: Spec) -> str:
             lines += [f"self.bn{i} = nn.BatchNorm1d({d})"]
         elif m.kind in ("random_dup", "random_unused") and m.variant == "dropout_module":
             lines += [f"self.drop{i} = nn.Dropout(0.5)"]
+        elif m.kind == "gate_pool":
+            lines += [
+                f"self.tg{i} = nn.Linear({d}, {N_EXPERTS})",
+                f"self.head{i} = nn.Linear({hdim}, {hdim})",
+            ]
         if "w_t" in (m.variant,) and m.kind in ("view_out", "split_cat", "stack_unbind"):
             lines += [f"self.w{i} = nn.Parameter(torch.randn({d}, {b}))"]
-    return "\n".join(lines)
+    return "\n".join(lines + _shared_init(spec))
+
+
+def _shared_init(spec: Spec) -> list[str]:
+    """The tensors group members share: the experts of an MMoE block, the sliced parameters."""
+    d, hdim, e = spec.width, spec.hidden, N_EXPERTS
+    pooled = {m.shared for m in spec.members if m.kind == "gate_pool"}
+    lines = []
+    if "stack" in pooled:
+        lines += [f"self.experts = nn.ModuleList([nn.Linear({d}, {hdim}) for _ in range({e})])"]
+    if "view" in pooled:
+        lines += [f"self.experts_all = nn.Linear({d}, {e * hdim})"]
+    for name in sorted({m.shared for m in spec.members if m.kind == "slice_matmul"}):
+        n = 1 + max(m.slot for m in spec.members if m.kind == "slice_matmul" and m.shared == name)
+        shape = f"{n}, {d}, {hdim}" if name == "P" else f"2, {n}, {d}, {hdim}"
+        lines += [f"self.{name} = nn.Parameter(torch.randn({shape}) * 0.3)"]
+    return lines
 
 
 def module_source(spec: Spec) -> str:

@@ -87,3 +87,79 @@ def test_a_view_made_under_no_grad_is_not_replaced_by_its_grad_base(
     got = _optimize(model(), (x,), path)(x)
     assert got.requires_grad == expected.requires_grad
     torch.testing.assert_close(got, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by the fuzzer (scripts/fuzz --start 98000, example 98000): an MMoE block whose experts are
+# built in grad mode but pooled only under no_grad. In eager no gradient reaches the experts'
+# Linears (their .grad stays None); merged with a tower's Linear on the same input into one wide
+# Linear, the backward of the concatenated weight gave them zero gradients.
+
+
+class ExpertsOnlyReadUnderNoGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tower = nn.Linear(8, 4)
+        self.experts = nn.ModuleList([nn.Linear(8, 4) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.neg(self.tower(x))
+        ex = torch.stack([e(x) for e in self.experts], dim=1)  # requires grad...
+        with torch.no_grad():
+            pooled = ex.sum(1)  # ...but its only reader records no autograd
+        return a, pooled
+
+
+class ExpertsAlsoReadWithGrad(ExpertsOnlyReadUnderNoGrad):
+    """The same block with the pooling in grad mode: every Linear gets a gradient, so merging them
+    stays allowed (the fix must not give up the rewrite where the gradients are all there)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.neg(self.tower(x))
+        ex = torch.stack([e(x) for e in self.experts], dim=1)
+        return a, ex.sum(1)
+
+
+def _grads(model: nn.Module, fn: Any, x: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    model.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    outs = fn(x)
+    sum(o.sum() * (k + 1) for k, o in enumerate(outs) if o.requires_grad).backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return [o.detach() for o in outs], grads | {"x": x.grad}
+
+
+@pytest.mark.parametrize("path", ["default", "relayout", "backend"])
+def test_values_no_gradient_reaches_keep_grad_none(path: str) -> None:
+    model, x = ExpertsOnlyReadUnderNoGrad(), torch.randn(3, 8, requires_grad=True)
+    ref_outs, ref = _grads(model, model, x)
+    assert ref["experts.0.weight"] is None and ref["tower.weight"] is not None
+    optimized = _optimize(model, (x,), path)
+    outs, got = _grads(model, optimized, x)
+    for o, r in zip(outs, ref_outs, strict=True):
+        torch.testing.assert_close(o, r)
+    assert {n for n, g in got.items() if g is None} == {n for n, g in ref.items() if g is None}
+    for n, g in ref.items():
+        if g is not None:
+            torch.testing.assert_close(got[n], g)
+
+
+def test_no_merge_of_values_a_gradient_reaches_with_values_it_does_not() -> None:
+    x = torch.randn(3, 8, requires_grad=True)
+    gm = optimus.optimize(ExpertsOnlyReadUnderNoGrad(), (x,), cost_model=LAUNCH_BOUND)
+    assert "merge_shared_linear" not in gm.optimus_report.rules_fired
+    assert any("gradient reaches" in r for r in gm.optimus_report.declined_reasons)
+
+
+def test_values_a_gradient_reaches_are_still_merged() -> None:
+    model, x = ExpertsAlsoReadWithGrad(), torch.randn(3, 8, requires_grad=True)
+    gm = optimus.optimize(model, (x,), cost_model=LAUNCH_BOUND)
+    assert gm.optimus_report.rules_fired.get("merge_shared_linear") == 1
+    ref_outs, ref = _grads(model, model, x)
+    outs, got = _grads(model, gm, x)
+    for o, r in zip(outs, ref_outs, strict=True):
+        torch.testing.assert_close(o, r)
+    for n, g in ref.items():
+        assert g is not None
+        torch.testing.assert_close(got[n], g)

@@ -18,13 +18,18 @@ import os
 
 import pytest
 import torch
-from fuzz_checks import FAST_PATHS, PATHS, Observation, compare, observe, reference, run_path
+from fuzz_checks import FAST_PATHS, PATHS, Observation, check, compare, observe, reference, run_path
 from fuzz_choices import DrawChoices
 from fuzz_known_failures import KNOWN
 from fuzz_programs import (
     CONSUMERS,
+    EXPERTS,
+    GATE_FORMS,
+    GROUP_KINDS,
     KINDS,
     REGIONS,
+    SLICE_FORMS,
+    SLICED,
     Member,
     Spec,
     build,
@@ -41,6 +46,10 @@ SEEDS = range(60)  # fixed programs: the same on every hypothesis version
 # Seeds past the first 30 where batch_layer_norm and stack_unbind fire: since the layouts fix, a value
 # the caller sees raw needs a copy or stays fresh, and on the first 30 programs those never pay.
 RARE_RULE_SEEDS = (30, 52, 173)  # batch_layer_norm, batch_size1_linear, batch_embedding
+# Seeds whose MMoE blocks and DCN-Mix expert groups make batch_gate_pool and batch_slice_matmul
+# fire on the launch-bound path (the multiply-sum pooling, batched only without a gradient, in a
+# no_grad block: 52, 55).
+EXPERT_RULE_SEEDS = range(50, 60)
 
 
 @st.composite
@@ -72,6 +81,11 @@ def test_fixed_seeds_cover_every_construct() -> None:
         seen |= features(random_spec(seed))
     wanted = {f"kind:{k}" for k in KINDS} | {f"region:{r}" for r in REGIONS if r}
     wanted |= {f"consumer:{c}" for c in CONSUMERS if c} | {"keep"}
+    # the MMoE blocks and DCN-Mix expert groups, each spelling and each must-not-batch variant
+    wanted |= {f"kind:{k}" for k in GROUP_KINDS} | {f"{k}:regions" for k in GROUP_KINDS}
+    wanted |= {f"gate_pool:{f}" for f in GATE_FORMS} | {f"gate_pool:{e}" for e in EXPERTS}
+    wanted |= {f"slice_matmul:{f}" for f in SLICE_FORMS} | {f"slice_matmul:{p}" for p in SLICED}
+    wanted |= {"gate_pool:writes", "slice_matmul:gap", "slice_matmul:reversed"}
     assert wanted <= seen, sorted(wanted - seen)
 
 
@@ -147,6 +161,30 @@ def test_generated_programs_exercise_the_rules() -> None:
     wanted = ("batch_linear", "batch_layer_norm", "merge_shared_linear", "batch_unary", "batch_binary")
     wanted += ("batch_size1_linear", "batch_embedding", "matmul_as_linear", "functionalize_inplace")
     for rule in (*wanted, "split_cat", "stack_unbind", "normalize_split_cat", "cse", "dce"):
+        assert fired.get(rule, 0) > 0, (rule, fired)
+
+
+def test_generated_programs_reach_the_expert_rules_and_keep_parity() -> None:
+    """The generator's MMoE blocks (T gates pooling one experts tensor) and DCN-Mix expert groups
+    (matmuls with slices ``P[e]``) are what batch_gate_pool and batch_slice_matmul rewrite: on fixed
+    seeds both rules fire, and the caller sees what eager gives (launch-bound ``optimize`` and
+    the ``optimus`` backend; every 4th seed in float64, as the fuzz runner does)."""
+    fired: dict[str, int] = {}
+    failures: list[str] = []
+    for seed in EXPERT_RULE_SEEDS:
+        spec = random_spec(seed)
+        tasks = [m for m in spec.members if m.kind == "gate_pool"]
+        mul_sum_only = bool(tasks) and all(m.variant in ("mul_sum", "torch_sum") for m in tasks)
+        dtype = torch.float64 if seed % 4 == 3 else torch.float32
+        for path, result in check(spec, ("optimize", "backend"), dtype).items():
+            failures += [f"{seed}: {m}" for m in result.mismatches]
+            if path == "optimize":
+                for rule, n in result.fired.items():
+                    fired[rule] = fired.get(rule, 0) + n
+                if mul_sum_only:  # every pooling batched here is a multiply and sum
+                    fired["mul_sum"] = fired.get("mul_sum", 0) + result.fired.get("batch_gate_pool", 0)
+    assert failures == []
+    for rule in ("batch_gate_pool", "batch_slice_matmul", "mul_sum"):
         assert fired.get(rule, 0) > 0, (rule, fired)
 
 
