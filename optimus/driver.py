@@ -16,7 +16,10 @@ A rewrite that adds live bytes (``Candidate.live_delta`` > 0) passes ``memory_ga
 too: where it lifts the graph's estimated peak it must save more than ``memory_margin`` of its
 own time, and it may never lift the peak above ``memory_budget_bytes``; refusals are counted by
 reason in ``report.declined_reasons``. ``report.live_peak_before``/``live_peak_after`` hold the
-estimate for the graph as captured and as optimized.
+estimate for the graph as captured and as optimized. While the gate is active, the candidates
+that form a vertical chain (``optimus.vertical``: a fused group and the per-member chain after
+it) are applied and judged together first (``_apply_chain``); a chain refused as a whole is
+undone and its links are judged one by one.
 
 Rewrites the engine refuses for safety (grouping across a grad-mode/autocast region, merging a
 random op, ...) are counted by reason in ``report.declined_reasons`` (see docs/optimus.md,
@@ -45,6 +48,7 @@ from .report import OptimusReport, RoundRecord
 from .rules import resolve
 from .stop_reason import StopReason
 from .verify import Verifier
+from .vertical import Chain, chains
 
 log = logging.getLogger("optimus")
 
@@ -225,12 +229,23 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
     memory = MemoryGate(ctx, state.config)
+    horizontal = [r.name for r in state.rules if r.kind == "horizontal"]
+    linked = chains(candidates, horizontal, ctx) if memory.active else {}
+    tried: set[int] = set()
     for cand in candidates:
         if cand.gain <= 0:
             _count(report.declined, cand.rule)
             continue
         if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in state.blocked:
             continue
+        chain = linked.get(cand)
+        if chain is not None and id(chain) not in tried:
+            tried.add(id(chain))
+            taken = _apply_chain(state, ctx, chain, memory, touched)
+            if taken:
+                touched.update(chain.nodes)
+                applied_round.extend(taken)
+                continue
         refusal = memory.refusal(cand)
         if refusal is not None:
             ctx.decline(refusal)
@@ -255,6 +270,87 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
         memory.take(cand)
         applied_round.append(applied)
     return applied_round
+
+
+def _apply_chain(
+    state: _Run, ctx: RewriteContext, chain: Chain, memory: MemoryGate, touched: set[fx.Node]
+) -> list[Applied]:
+    """Apply a vertical chain's links together, upstream first, and keep them only if the chain
+    as a whole passes the memory gate (``MemoryGate.chain_refusal``: the exact estimated peak
+    before and after, against the chain's time saved) and, with a verifier, keeps results.
+    Otherwise undo every link and put the nodes back in their order: the graph is exactly as
+    before, and the caller judges the links one by one. Returns the applied links ([] if not)."""
+    report, graph = state.report, state.gm.graph
+    if any(n in touched for n in chain.nodes) or any((c.rule, c.nodes) in state.blocked for c in chain.links):
+        return []
+    by_name = {r.name: r for r in state.rules}
+    order = list(graph.nodes)
+    before = memory.exact()
+    applied: list[Applied] = []
+    saved = spent = 0.0
+    ok = True
+    for link in chain.links:
+        rule = by_name[link.rule]
+        seconds = _chain_link_seconds(state, ctx, rule, link)
+        saved, spent = saved + seconds[0] - seconds[1], spent + seconds[0]
+        failures = sum(report.rolled_back.values())
+        done = _apply(ctx, rule, link, report)
+        if done is None:
+            if sum(report.rolled_back.values()) > failures:
+                state.blocked.add((link.rule, link.nodes))
+            ok = False
+            break
+        applied.append(done)
+    refusal = None
+    if ok:
+        after = memory.exact()
+        share = saved / spent if spent > 0 else 0.0
+        refusal = (
+            "no faster" if saved <= 0 else memory.chain_refusal(chain.name, before.peak, after.peak, share)
+        )
+        log.debug(
+            "optimus: %s: estimated peak %.0f -> %.0f bytes, gain share %.3f: %s",
+            chain.name,
+            before.peak,
+            after.peak,
+            share,
+            refusal or "taken",
+        )
+        if refusal is None and state.verifier is not None:
+            problem = _check(state.gm, ctx, state.verifier)
+            if problem is not None:
+                log.warning("optimus: %s changed results (%s); rolled back", chain.name, problem)
+                for link in chain.links:
+                    _count(report.rolled_back, link.rule)
+                    state.blocked.add((link.rule, link.nodes))
+                refusal = "changed results"
+    if ok and refusal is None:
+        memory.adopt(after)
+        return applied
+    if refusal is not None and refusal not in ("no faster", "changed results"):
+        ctx.decline(refusal)
+    for done in reversed(applied):
+        ctx.undo(done)
+    _restore_order(graph, order)
+    return []
+
+
+def _chain_link_seconds(state: _Run, ctx: RewriteContext, rule: Any, link: Candidate) -> tuple[float, float]:
+    """(before, after) seconds of one link, priced again now that the links feeding it are
+    applied: a plain horizontal rule then stacks its inputs as a view of the previous fused
+    output, so the seam copy it priced alone is not charged. Other rules keep their price."""
+    from .rules.base import HorizontalRule
+
+    cm = state.config.cost_model
+    device = ctx.device_of(link.nodes)
+    first = (cm.seconds(link.before, device), cm.seconds(link.after, device))
+    if not isinstance(rule, HorizontalRule) or type(rule).match is not HorizontalRule.match:
+        return first
+    try:
+        before, after = rule.cost(link.nodes, ctx)
+    except Exception:  # priced alone already; a failure here only loses the seam's credit
+        return first
+    return cm.seconds(before, device), cm.seconds(after, device)
 
 
 def _finish_round(

@@ -1,0 +1,142 @@
+"""Vertical chains: a fused group and the per-member chain after it, gated as one rewrite.
+
+WHY: the driver prices and gates one horizontal candidate at a time. Fusing a tower stack
+(linear -> layer norm -> activation -> gate) is several such candidates, one per layer, all
+found in the same round (their members are independent within each layer). Alone, each layer
+looks like it keeps G outputs alive through unbind pieces and copies its inputs into a stack;
+together, each layer reads the previous layer's stacked output (``Builder.stack`` sees the
+unbind and reuses its source: no seam copy, no per-member intermediates), and the stacked
+buffer of one layer dies when the next has run. With the memory gate on, judging the layers one
+by one declined the links that looked peak-raising alone and cut the chain at a seam (or left it
+unfused) although the whole chain may raise nothing. So, while the gate is active, the
+candidates of one round that form such a chain are applied together and judged together: the
+chain's time saved against the exact change of the graph's estimated peak.
+
+Which candidates form a chain (``chains``): horizontal candidates of this round, each the best
+rated one for all its members, linked when a member of one reads a member of the other and the
+feeding candidate is *interior*: every reader of every one of its members is a member of a
+linked candidate (no graph output, no external reader in the middle: there the stacked buffer
+would be kept alive by that reader, and the chain is cut), all in one grad-mode/autocast region.
+Only links rated faster on their own are considered; safety is each link's own (a rule never
+offers members that read a mutated value, or that straddle a region boundary): a chain only
+changes *when* links are taken, never *what* a link rewrites.
+
+How it is judged (``driver._apply_chain``): its links are applied upstream first (so each link
+re-reads its inputs as the pieces of the previous fused output and stacks them for free), the
+graph's live-bytes estimate (``optimus.memory``) is recomputed once before and once after, and
+the chain is kept unless it lifts the estimated peak above ``memory_budget_bytes`` or lifts it
+while saving no more than ``memory_margin`` of its own time (``chain_gain``: each link priced
+again after its predecessors, so the seam copies it no longer makes are credited). A refused
+chain is undone exactly and its links are then judged one by one, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from torch import fx
+
+from .candidate import Candidate
+from .context import RewriteContext
+
+
+@dataclass(eq=False)
+class Chain:
+    """Linked candidates, upstream first (each link after every link that feeds it)."""
+
+    links: list[Candidate]
+
+    @property
+    def name(self) -> str:
+        return "vertical chain (" + " > ".join(c.rule for c in self.links) + ")"
+
+    @property
+    def nodes(self) -> list[fx.Node]:
+        return [n for c in self.links for n in c.nodes]
+
+
+def chains(
+    candidates: Sequence[Candidate], horizontal: Iterable[str], ctx: RewriteContext
+) -> dict[Candidate, Chain]:
+    """Each candidate that belongs to a chain of two or more links -> that chain (see the module
+    docstring). O(candidate members + their users)."""
+    kinds = set(horizontal)
+    owner: dict[fx.Node, Candidate] = {}
+    for cand in candidates:  # best rated first: the candidate the greedy order would take
+        if cand.gain > 0 and cand.rule in kinds:
+            for node in cand.nodes:
+                owner.setdefault(node, cand)
+    eligible = [
+        c for c in candidates if c.gain > 0 and c.rule in kinds and all(owner.get(n) is c for n in c.nodes)
+    ]
+    ok = set(eligible)
+    regions = ctx.index.regions
+    parent: dict[Candidate, Candidate] = {c: c for c in eligible}
+
+    def find(c: Candidate) -> Candidate:
+        while parent[c] is not c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    feeds: dict[Candidate, set[Candidate]] = {c: set() for c in eligible}
+    for cand in eligible:
+        readers: set[Candidate] = set()
+        interior = True
+        for node in cand.nodes:
+            for user in node.users:
+                reader = owner.get(user)
+                if reader is None or reader not in ok or reader is cand:
+                    interior = False
+                    break
+                readers.add(reader)
+            if not interior:
+                break
+        if not interior or not readers:
+            continue
+        if not regions.trivial and any(regions.of(r.nodes[0]) != regions.of(cand.nodes[0]) for r in readers):
+            continue
+        feeds[cand] = readers
+        for reader in readers:
+            parent[find(reader)] = find(cand)
+    members: dict[Candidate, list[Candidate]] = {}
+    for cand in eligible:
+        members.setdefault(find(cand), []).append(cand)
+    out: dict[Candidate, Chain] = {}
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        chain = Chain(_upstream_first(group, feeds, ctx))
+        for cand in group:
+            out[cand] = chain
+    return out
+
+
+def _upstream_first(
+    group: list[Candidate], feeds: dict[Candidate, set[Candidate]], ctx: RewriteContext
+) -> list[Candidate]:
+    """The links in an order where every link comes after each link feeding it (Kahn's order;
+    ties by graph position, so it is deterministic)."""
+    pos = ctx.index.pos
+    inside = set(group)
+    waiting = {c: 0 for c in group}
+    for c in group:
+        for r in feeds[c]:
+            if r in inside:
+                waiting[r] += 1
+
+    def first(c: Candidate) -> int:
+        return min(pos.get(n, 0) for n in c.nodes)
+
+    ready = sorted((c for c in group if waiting[c] == 0), key=first)
+    order: list[Candidate] = []
+    while ready:
+        cand = ready.pop(0)
+        order.append(cand)
+        for r in sorted(feeds[cand] & inside, key=first):
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                ready.append(r)
+        ready.sort(key=first)
+    return order
