@@ -326,6 +326,7 @@ def _apply_chain(
                 refusal = "changed results"
     if ok and refusal is None:
         memory.adopt(after)
+        _count(report.chains, chain.name)
         return applied
     if refusal is not None and refusal not in ("no faster", "changed results"):
         ctx.decline(refusal)

@@ -14,9 +14,11 @@ chain's time saved against the exact change of the graph's estimated peak.
 
 Which candidates form a chain (``chains``): horizontal candidates of this round, each the best
 rated one for all its members, linked when a member of one reads a member of the other and the
-feeding candidate is *interior*: every reader of every one of its members is a member of a
-linked candidate (no graph output, no external reader in the middle: there the stacked buffer
-would be kept alive by that reader, and the chain is cut), all in one grad-mode/autocast region.
+feeding candidate is *interior*: each of its members has exactly one reader, a member of a
+linked candidate (a per-member chain: no branch, no graph output, no external reader in the
+middle, where the stacked buffer would be kept alive by that reader; there the chain is cut),
+all in one grad-mode/autocast region. Several links may feed one (a tower and its gate into the
+gating multiply).
 Only links rated faster on their own are considered; safety is each link's own (a rule never
 offers members that read a mutated value, or that straddle a region boundary): a chain only
 changes *when* links are taken, never *what* a link rewrites.
@@ -85,14 +87,12 @@ def chains(
         readers: set[Candidate] = set()
         interior = True
         for node in cand.nodes:
-            for user in node.users:
-                reader = owner.get(user)
-                if reader is None or reader not in ok or reader is cand:
-                    interior = False
-                    break
-                readers.add(reader)
-            if not interior:
+            users = list(node.users)
+            reader = owner.get(users[0]) if len(users) == 1 else None
+            if reader is None or reader not in ok or reader is cand:
+                interior = False  # a branch, an external reader, an output: the chain ends here
                 break
+            readers.add(reader)
         if not interior or not readers:
             continue
         if not regions.trivial and any(regions.of(r.nodes[0]) != regions.of(cand.nodes[0]) for r in readers):
