@@ -196,3 +196,41 @@ def test_default_settings_judge_no_chain() -> None:
     assert gm.optimus_report.chains == {}
     assert gm.optimus_report.rules_fired["batch_linear"] == 1
     _check(module, gm, inputs)
+
+
+class _Gated(nn.Module):
+    """Towers gated per member: ``tanh(tower_i(x_i)) * sigmoid(gate_i(x_i))``, then a wide head:
+    two links (the activations) feed one (the gating multiply)."""
+
+    def __init__(self, n: int = 32, w: int = 4, head: int = 512) -> None:
+        super().__init__()
+        self.n, self.w = n, w
+        self.tower = nn.ModuleList(nn.Linear(w, w) for _ in range(n))
+        self.gate = nn.ModuleList(nn.Linear(w, w) for _ in range(n))
+        self.head = nn.Linear(n * w, head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for i in range(self.n):
+            p = x[i]
+            outs.append(torch.tanh(self.tower[i](p)) * torch.sigmoid(self.gate[i](p)))
+        return self.head(torch.cat(outs, 1))
+
+
+def test_gating_multiply_joins_the_chain() -> None:
+    torch.manual_seed(0)
+    module, inputs = _Gated(), (torch.randn(32, 64, 4),)
+    gm = optimize_traced(module, inputs, config=_margin(1.0))
+    rep = gm.optimus_report
+    (name,) = rep.chains
+    assert "batch_binary" in name and "batch_unary" in name, name
+    assert rep.live_peak_after <= rep.live_peak_before
+    _check(module, gm, inputs)
+
+
+def test_verify_keeps_a_chain_that_keeps_results() -> None:
+    module, inputs = _fits()
+    gm = optimize_traced(module, inputs, config=_margin(1.0, verify=True))
+    rep = gm.optimus_report
+    assert rep.chains == {CHAIN: 1} and not rep.rolled_back
+    _check(module, gm, inputs)
