@@ -23,7 +23,9 @@ cost model so every rule that can fire does (``optimize``), the same with
 get and runs the rewritten graph as it is, so a difference is Optimus's rewrite and not Inductor's
 codegen, and an example costs tens of milliseconds instead of an Inductor C++ compile (seconds).
 ``inductor`` (the real ``backend="optimus"`` with Inductor, ``fallback_random`` so random draws
-match eager) is there for a few slow examples.
+match eager) is there for a few slow examples. ``gated`` is ``optimize`` with the memory gate on
+(``memory_margin=0.9``): vertical chains (optimus/vertical.py) are applied together, judged, and
+taken or undone (``--paths gated``; not in the default set).
 """
 
 from __future__ import annotations
@@ -305,6 +307,7 @@ PATHS: dict[str, Callable[..., Any]] = {
         lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, layout=RelayoutParams())
     ),
     "backend": _backend_path(),
+    "gated": _optimize_path(lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, memory_margin=0.9)),
     "inductor": _inductor,
     "dynamo": _dynamo_only,
 }
