@@ -46,6 +46,7 @@ from .memory_gate import MemoryGate
 from .regions import describe
 from .report import OptimusReport, RoundRecord
 from .rules import resolve
+from .rules.base import HorizontalRule
 from .stop_reason import StopReason
 from .verify import Verifier
 from .vertical import Chain, chains
@@ -229,8 +230,8 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
     memory = MemoryGate(ctx, state.config)
-    horizontal = [r.name for r in state.rules if r.kind == "horizontal"]
-    linked = chains(candidates, horizontal, ctx) if memory.active else {}
+    fusing = [r.name for r in state.rules if isinstance(r, HorizontalRule)]  # not node-set rules
+    linked = chains(candidates, fusing, ctx) if memory.active else {}
     tried: set[int] = set()
     for cand in candidates:
         if cand.gain <= 0:
@@ -340,8 +341,6 @@ def _chain_link_seconds(state: _Run, ctx: RewriteContext, rule: Any, link: Candi
     """(before, after) seconds of one link, priced again now that the links feeding it are
     applied: a plain horizontal rule then stacks its inputs as a view of the previous fused
     output, so the seam copy it priced alone is not charged. Other rules keep their price."""
-    from .rules.base import HorizontalRule
-
     cm = state.config.cost_model
     device = ctx.device_of(link.nodes)
     first = (cm.seconds(link.before, device), cm.seconds(link.after, device))

@@ -12,7 +12,8 @@ unfused) although the whole chain may raise nothing. So, while the gate is activ
 candidates of one round that form such a chain are applied together and judged together: the
 chain's time saved against the exact change of the graph's estimated peak.
 
-Which candidates form a chain (``chains``): horizontal candidates of this round, each the best
+Which candidates form a chain (``chains``): candidates of this round's batching rules
+(``HorizontalRule``s; not the node-set split/cat rules, which only remove copies), each the best
 rated one for all its members, linked when a member of one reads a member of the other and the
 feeding candidate is *interior*: each of its members has exactly one reader, a member of a
 linked candidate (a per-member chain: no branch, no graph output, no external reader in the
@@ -59,11 +60,12 @@ class Chain:
 
 
 def chains(
-    candidates: Sequence[Candidate], horizontal: Iterable[str], ctx: RewriteContext
+    candidates: Sequence[Candidate], fusing: Iterable[str], ctx: RewriteContext
 ) -> dict[Candidate, Chain]:
     """Each candidate that belongs to a chain of two or more links -> that chain (see the module
-    docstring). O(candidate members + their users)."""
-    kinds = set(horizontal)
+    docstring); ``fusing`` names the batching rules whose candidates may link. O(candidate
+    members + their users)."""
+    kinds = set(fusing)
     owner: dict[fx.Node, Candidate] = {}
     for cand in candidates:  # best rated first: the candidate the greedy order would take
         if cand.gain > 0 and cand.rule in kinds:
