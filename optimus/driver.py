@@ -247,6 +247,8 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
                 touched.update(chain.nodes)
                 applied_round.extend(taken)
                 continue
+            if (cand.rule, cand.nodes) in state.blocked:  # the chain's rewrite of it failed
+                continue
         refusal = memory.refusal(cand)
         if refusal is not None:
             ctx.decline(refusal)
@@ -286,7 +288,11 @@ def _apply_chain(
         return []
     by_name = {r.name: r for r in state.rules}
     order = list(graph.nodes)
-    before = memory.exact()
+    try:
+        before = memory.exact()
+    except CycleError:  # the round's rewrites so far do not sort yet: the end of the round decides
+        _restore_order(graph, order)
+        return []
     applied: list[Applied] = []
     saved = spent = 0.0
     ok = True
@@ -302,9 +308,14 @@ def _apply_chain(
             ok = False
             break
         applied.append(done)
-    refusal = None
+    refusal = None if ok else "not applied"
+    after = None
     if ok:
-        after = memory.exact()
+        try:
+            after = memory.exact()
+        except CycleError:
+            refusal = "not placeable"
+    if after is not None:
         share = saved / spent if spent > 0 else 0.0
         refusal = (
             "no faster" if saved <= 0 else memory.chain_refusal(chain.name, before.peak, after.peak, share)
@@ -325,11 +336,11 @@ def _apply_chain(
                     _count(report.rolled_back, link.rule)
                     state.blocked.add((link.rule, link.nodes))
                 refusal = "changed results"
-    if ok and refusal is None:
+    if after is not None and refusal is None:
         memory.adopt(after)
         _count(report.chains, chain.name)
         return applied
-    if refusal is not None and refusal not in ("no faster", "changed results"):
+    if refusal is not None and refusal.startswith(chain.name):  # the gate's reason
         ctx.decline(refusal)
     for done in reversed(applied):
         ctx.undo(done)
