@@ -42,6 +42,7 @@ from .candidate import Candidate
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
+from .layout import RuntimeStack
 from .memory_gate import MemoryGate
 from .regions import describe
 from .report import OptimusReport, RoundRecord
@@ -49,7 +50,7 @@ from .rules import resolve
 from .rules.base import HorizontalRule
 from .stop_reason import StopReason
 from .verify import Verifier
-from .vertical import Chain, chains
+from .vertical import Chain, ProbeLayout, chains
 
 log = logging.getLogger("optimus")
 
@@ -282,40 +283,33 @@ def _apply_chain(
     as a whole passes the memory gate (``MemoryGate.chain_refusal``: the exact estimated peak
     before and after, against the chain's time saved) and, with a verifier, keeps results.
     Otherwise undo every link and put the nodes back in their order: the graph is exactly as
-    before, and the caller judges the links one by one. Returns the applied links ([] if not)."""
+    before, and the caller judges the links one by one. Returns the applied links ([] if not).
+
+    A parameter layout that changes the module when it lays parameters out (``RelayoutParams``
+    re-points them into new storage; undoing the graph edit would not undo that) is not used for
+    the trial: ``vertical.ProbeLayout`` stands in with the same bytes and no effect, the trial is
+    undone after it is judged, and a chain that passes is applied again with the real layout."""
     report, graph = state.report, state.gm.graph
     if any(n in touched for n in chain.nodes) or any((c.rule, c.nodes) in state.blocked for c in chain.links):
         return []
-    by_name = {r.name: r for r in state.rules}
     order = list(graph.nodes)
     try:
         before = memory.exact()
     except CycleError:  # the round's rewrites so far do not sort yet: the end of the round decides
         _restore_order(graph, order)
         return []
-    applied: list[Applied] = []
-    saved = spent = 0.0
-    ok = True
-    for link in chain.links:
-        rule = by_name[link.rule]
-        seconds = _chain_link_seconds(state, ctx, rule, link)
-        saved, spent = saved + seconds[0] - seconds[1], spent + seconds[0]
-        failures = sum(report.rolled_back.values())
-        done = _apply(ctx, rule, link, report)
-        if done is None:
-            if sum(report.rolled_back.values()) > failures:
-                state.blocked.add((link.rule, link.nodes))
-            ok = False
-            break
-        applied.append(done)
-    refusal = None if ok else "not applied"
-    after = None
-    if ok:
-        try:
-            after = memory.exact()
-        except CycleError:
-            refusal = "not placeable"
-    if after is not None:
+    real = ctx.layout
+    probing = not isinstance(real, RuntimeStack)
+    if probing:
+        ctx.layout = ProbeLayout(real)
+    try:
+        trial = _apply_links(state, ctx, chain)
+    finally:
+        ctx.layout = real
+    after = _exact_or_none(memory) if trial is not None else None
+    refusal = "not applied" if after is None else None
+    if trial is not None and after is not None:
+        saved, spent = trial[1]
         share = saved / spent if spent > 0 else 0.0
         refusal = (
             "no faster" if saved <= 0 else memory.chain_refusal(chain.name, before.peak, after.peak, share)
@@ -328,24 +322,69 @@ def _apply_chain(
             share,
             refusal or "taken",
         )
-        if refusal is None and state.verifier is not None:
-            problem = _check(state.gm, ctx, state.verifier)
-            if problem is not None:
-                log.warning("optimus: %s changed results (%s); rolled back", chain.name, problem)
-                for link in chain.links:
-                    _count(report.rolled_back, link.rule)
-                    state.blocked.add((link.rule, link.nodes))
-                refusal = "changed results"
-    if after is not None and refusal is None:
+        if refusal is not None and refusal.startswith(chain.name):  # the gate's reason
+            ctx.decline(refusal)
+    applied = trial[0] if trial is not None else []
+    if refusal is None and probing:  # judged on the probe: now lay the parameters out for real
+        _undo_links(ctx, applied, graph, order)
+        again = _apply_links(state, ctx, chain)
+        applied = again[0] if again is not None else []
+        after = _exact_or_none(memory) if again is not None else None
+        refusal = "not applied" if after is None else None
+    if refusal is None and state.verifier is not None:
+        problem = _check(state.gm, ctx, state.verifier)
+        if problem is not None:
+            log.warning("optimus: %s changed results (%s); rolled back", chain.name, problem)
+            for link in chain.links:
+                _count(report.rolled_back, link.rule)
+                state.blocked.add((link.rule, link.nodes))
+            refusal = "changed results"
+    if refusal is None and after is not None:
         memory.adopt(after)
         _count(report.chains, chain.name)
         return applied
-    if refusal is not None and refusal.startswith(chain.name):  # the gate's reason
-        ctx.decline(refusal)
+    _undo_links(ctx, applied, graph, order)
+    return []
+
+
+def _apply_links(
+    state: _Run, ctx: RewriteContext, chain: Chain
+) -> tuple[list[Applied], tuple[float, float]] | None:
+    """Apply every link of ``chain`` upstream first: (the applied links, (seconds saved, the
+    links' seconds before)), or None (nothing left applied) when one cannot be applied."""
+    by_name = {r.name: r for r in state.rules}
+    report = state.report
+    applied: list[Applied] = []
+    saved = spent = 0.0
+    for link in chain.links:
+        rule = by_name[link.rule]
+        before, after = _chain_link_seconds(state, ctx, rule, link)
+        saved, spent = saved + before - after, spent + before
+        failures = sum(report.rolled_back.values())
+        done = _apply(ctx, rule, link, report)
+        if done is None:
+            if sum(report.rolled_back.values()) > failures:
+                state.blocked.add((link.rule, link.nodes))
+            for prior in reversed(applied):
+                ctx.undo(prior)
+            return None
+        applied.append(done)
+    return applied, (saved, spent)
+
+
+def _undo_links(ctx: RewriteContext, applied: list[Applied], graph: fx.Graph, order: list[fx.Node]) -> None:
+    """Undo applied links (last first) and put the nodes back in ``order``."""
     for done in reversed(applied):
         ctx.undo(done)
     _restore_order(graph, order)
-    return []
+
+
+def _exact_or_none(memory: MemoryGate) -> Any:
+    """The gate's exact estimate of the graph now, or None when it does not sort (a cycle)."""
+    try:
+        return memory.exact()
+    except CycleError:
+        return None
 
 
 def _chain_link_seconds(state: _Run, ctx: RewriteContext, rule: Any, link: Candidate) -> tuple[float, float]:

@@ -37,11 +37,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import fx
 
 from .candidate import Candidate
 from .context import RewriteContext
+from .layout import RuntimeStack
+
+if TYPE_CHECKING:
+    from .builder import Builder
 
 
 @dataclass(eq=False)
@@ -142,3 +148,48 @@ def _upstream_first(
                 ready.append(r)
         ready.sort(key=first)
     return order
+
+
+class ProbeLayout:
+    """The parameter layout used while a chain is on trial, in place of one that changes the
+    module when it lays parameters out (``RelayoutParams`` re-points the parameters into new
+    storage as it builds the ``get_attr``; undoing the graph edit would not undo that, and a
+    refused chain would leave the parameters grouped its way, so the links taken one by one
+    afterwards fall back to stacking per call).
+
+    Where the real layout's tensor is free (it moves no bytes: a ``get_attr`` of storage it would
+    make), a zero-stride view of the first parameter with the stacked shape stands in: the same
+    shape, dtype and device for the nodes after it, no bytes for the estimate, no effect. Elsewhere
+    ``RuntimeStack``, which the real layout falls back to there. Prices are the real layout's. The
+    probe graph is only estimated, never run: a chain that passes is undone and applied again with
+    the real layout."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.fallback = RuntimeStack()
+
+    def _stand_in(self, params: Sequence[fx.Node], b: Builder, shape: tuple[int, ...]) -> fx.Node:
+        return b.call(torch.as_strided, params[0], shape, (0,) * len(shape))
+
+    def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
+        meta = b.ctx.meta(params[0])
+        if meta is None or self.real.bytes_moved(params, b.ctx) != 0 or (transpose and len(meta.shape) != 2):
+            return self.fallback.stacked(params, b, transpose)
+        inner = tuple(reversed(meta.shape)) if transpose else tuple(meta.shape)
+        return self._stand_in(params, b, (len(params), *inner))
+
+    def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
+        metas = [b.ctx.meta(p) for p in params]
+        free = getattr(self.real, "concatenation_is_free", None)
+        if any(m is None or not m.shape for m in metas) or free is None or not free(params):
+            return self.fallback.concatenated(params, b)
+        first = metas[0]
+        assert first is not None
+        rows = sum(m.shape[0] for m in metas if m is not None)
+        return self._stand_in(params, b, (rows, *first.shape[1:]))
+
+    def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
+        return float(self.real.bytes_moved(params, ctx))
+
+    def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
+        return float(self.real.launches(params, transpose))

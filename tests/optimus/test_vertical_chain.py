@@ -234,3 +234,74 @@ def test_verify_keeps_a_chain_that_keeps_results() -> None:
     rep = gm.optimus_report
     assert rep.chains == {CHAIN: 1} and not rep.rolled_back
     _check(module, gm, inputs)
+
+
+class _Reduced(nn.Module):
+    """Towers Linear -> LayerNorm -> tanh, each summed over the batch as soon as it is made: one
+    member's activations alive at a time, so the fused chain (G at once) lifts the peak."""
+
+    def __init__(self, n: int = 8, w: int = 16) -> None:
+        super().__init__()
+        self.n, self.w = n, w
+        self.lin = nn.ModuleList(nn.Linear(w, w) for _ in range(n))
+        self.norm = nn.ModuleList(nn.LayerNorm(w) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.tanh(self.norm[i](self.lin[i](x[i]))).sum(0) for i in range(self.n)])
+
+
+def _backward_grads(module: nn.Module, fn: object, x: torch.Tensor) -> list[torch.Tensor | None]:
+    """Gradients by ``.backward()`` (the re-laid-out layout's contract: autograd.grad w.r.t. the
+    original parameters is not supported there, see optimus/layout_relayout.py)."""
+    module.zero_grad(set_to_none=True)
+    out = fn(x)  # type: ignore[operator]
+    (out * torch.arange(out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
+
+
+def test_a_refused_chain_leaves_re_laid_out_parameters_alone() -> None:
+    """With ``RelayoutParams`` the trial of a chain must not re-lay the parameters out (that is a
+    change to the module, which undoing the graph edit would not revert): a refused chain leaves
+    every parameter as it was, and no stacked storage in the result that its graph does not read."""
+    from optimus.layout_relayout import PREFIX, RelayoutParams
+    from optimus.relayout_group import GROUP_ATTR
+
+    torch.manual_seed(0)
+    module, x = _Reduced(), torch.randn(8, 64, 16)
+    want_out = module(x).detach()
+    want = _backward_grads(module, module, x)
+    config = _margin(1.0, layout=RelayoutParams())
+    gm = optimize_traced(module, (x,), config=config)
+    rep = gm.optimus_report
+    assert rep.declined_reasons[f"{CHAIN}: raises peak memory, gain within memory_margin"] >= 1
+    assert rep.chains == {}
+    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    stacked = [name for name, _ in gm.named_parameters() if name.startswith(PREFIX)]
+    assert all(name in read for name in stacked), (stacked, sorted(t for t in read if PREFIX in t))
+    grouped = [name for name, p in module.named_parameters() if getattr(p, GROUP_ATTR, None) is not None]
+    assert grouped == [] or stacked, grouped  # a parameter grouped only by a refused trial
+    torch.testing.assert_close(gm(x), want_out)
+    got = _backward_grads(module, gm, x)
+    for a, b in zip(want, got, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a)
+
+
+def test_a_chain_taken_with_re_laid_out_parameters_reads_them_free() -> None:
+    """A chain that fits is applied again with the real layout: its weights are get_attr reads of
+    the re-laid-out storage, not stacks per call (the trial's stand-ins are gone)."""
+    from optimus.layout_relayout import RelayoutParams
+
+    module, inputs = _fits()
+    want_out = module(*inputs).detach()
+    want = _backward_grads(module, module, inputs[0])
+    gm = optimize_traced(module, inputs, config=_margin(1.0, layout=RelayoutParams()))
+    assert gm.optimus_report.chains == {CHAIN: 1}
+    assert count_calls(gm, torch.stack) == 0 and count_calls(gm, torch.as_strided) == 0
+    torch.testing.assert_close(gm(*inputs), want_out)
+    got = _backward_grads(module, gm, inputs[0])
+    for a, b in zip(want, got, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)  # sums over a batch of 64, reordered
