@@ -305,3 +305,26 @@ def test_a_chain_taken_with_re_laid_out_parameters_reads_them_free() -> None:
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)  # sums over a batch of 64, reordered
+
+
+def test_readme_towers_with_re_laid_out_parameters_fuse_whole_at_margin_one() -> None:
+    """The README's towers at the strictest margin: with the weights stacked per call the chain
+    lifts the estimated peak and is declined (above); re-laid out once (as the harness prepares
+    its Optimus modes) nothing is stacked per call, the whole chain lifts nothing, and it is
+    taken whole."""
+    from optimus.layout_relayout import RelayoutParams
+
+    module, inputs = _lifts()
+    want_out = module(*inputs).detach()
+    want = _backward_grads(module, module, inputs[0])
+    gm = optimize_traced(module, inputs, cost_model=ANALYTIC, config=_margin(1.0, layout=RelayoutParams()))
+    rep = gm.optimus_report
+    assert rep.chains == {CHAIN: 1}
+    assert rep.live_peak_after <= rep.live_peak_before
+    assert count_calls(gm, F.linear) == 0 and count_calls(gm, F.layer_norm) == 1
+    torch.testing.assert_close(gm(*inputs), want_out)
+    got = _backward_grads(module, gm, inputs[0])
+    for a, b in zip(want, got, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
