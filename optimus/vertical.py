@@ -30,7 +30,10 @@ graph's live-bytes estimate (``optimus.memory``) is recomputed once before and o
 the chain is kept unless it lifts the estimated peak above ``memory_budget_bytes`` or lifts it
 while saving no more than ``memory_margin`` of its own time (``chain_gain``: each link priced
 again after its predecessors, so the seam copies it no longer makes are credited). A refused
-chain is undone exactly and its links are then judged one by one, as before.
+chain is undone exactly and its links are then judged one by one, as before; so is a chain one
+of whose links cannot be placed after the links feeding it (its label, chosen when it was
+matched alone, may no longer sit above their new nodes). A layout that changes the module as it
+lays parameters out is replaced by ``ProbeLayout`` for the trial (see there).
 """
 
 from __future__ import annotations

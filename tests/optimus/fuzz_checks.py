@@ -26,7 +26,8 @@ codegen, and an example costs tens of milliseconds instead of an Inductor C++ co
 match eager) is there for a few slow examples. ``gated`` is ``optimize`` with the memory gate on
 (``memory_margin=0.9``, or ``$OPTIMUS_FUZZ_MARGIN``): vertical chains (optimus/vertical.py) are applied together, judged, and
 taken or undone (``--paths gated``; not in the default set). ``chained``: the gate on with
-a budget nothing reaches (margin 0), so every vertical chain is taken whole (``--paths chained``).
+a budget nothing reaches (margin 0), so every vertical chain is taken whole, with the parameters
+re-laid out (each chain tried with the probe layout, then applied again; ``--paths chained``).
 """
 
 from __future__ import annotations
@@ -314,7 +315,9 @@ PATHS: dict[str, Callable[..., Any]] = {
         lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, memory_margin=GATED_MARGIN)
     ),
     "chained": _optimize_path(
-        lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, memory_budget_bytes=1 << 40)
+        lambda: optimus.OptimusConfig(
+            cost_model=LAUNCH_BOUND, layout=RelayoutParams(), memory_budget_bytes=1 << 40
+        )
     ),
     "inductor": _inductor,
     "dynamo": _dynamo_only,
