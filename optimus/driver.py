@@ -16,7 +16,10 @@ A rewrite that adds live bytes (``Candidate.live_delta`` > 0) passes ``memory_ga
 too: where it lifts the graph's estimated peak it must save more than ``memory_margin`` of its
 own time, and it may never lift the peak above ``memory_budget_bytes``; refusals are counted by
 reason in ``report.declined_reasons``. ``report.live_peak_before``/``live_peak_after`` hold the
-estimate for the graph as captured and as optimized.
+estimate for the graph as captured and as optimized. While the gate is active, the candidates
+that form a vertical chain (``optimus.vertical``: a fused group and the per-member chain after
+it) are applied and judged together first (``_apply_chain``); a chain refused as a whole is
+undone and its links are judged one by one.
 
 Rewrites the engine refuses for safety (grouping across a grad-mode/autocast region, merging a
 random op, ...) are counted by reason in ``report.declined_reasons`` (see docs/optimus.md,
@@ -39,12 +42,15 @@ from .candidate import Candidate
 from .config import OptimusConfig
 from .context import Applied, RewriteContext
 from .graph_index import CycleError, stable_toposort
+from .layout import RuntimeStack
 from .memory_gate import MemoryGate
 from .regions import describe
 from .report import OptimusReport, RoundRecord
 from .rules import resolve
+from .rules.base import HorizontalRule
 from .stop_reason import StopReason
 from .verify import Verifier
+from .vertical import Chain, ProbeLayout, chains
 
 log = logging.getLogger("optimus")
 
@@ -225,12 +231,25 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
     memory = MemoryGate(ctx, state.config)
+    fusing = [r.name for r in state.rules if isinstance(r, HorizontalRule)]  # not node-set rules
+    linked = chains(candidates, fusing, ctx) if memory.active else {}
+    tried: set[int] = set()
     for cand in candidates:
         if cand.gain <= 0:
             _count(report.declined, cand.rule)
             continue
         if any(n in touched for n in cand.nodes) or (cand.rule, cand.nodes) in state.blocked:
             continue
+        chain = linked.get(cand)
+        if chain is not None and id(chain) not in tried:
+            tried.add(id(chain))
+            taken = _apply_chain(state, ctx, chain, memory, touched)
+            if taken:
+                touched.update(chain.nodes)
+                applied_round.extend(taken)
+                continue
+            if (cand.rule, cand.nodes) in state.blocked:  # the chain's rewrite of it failed
+                continue
         refusal = memory.refusal(cand)
         if refusal is not None:
             ctx.decline(refusal)
@@ -255,6 +274,133 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
         memory.take(cand)
         applied_round.append(applied)
     return applied_round
+
+
+def _apply_chain(
+    state: _Run, ctx: RewriteContext, chain: Chain, memory: MemoryGate, touched: set[fx.Node]
+) -> list[Applied]:
+    """Apply a vertical chain's links together, upstream first, and keep them only if the chain
+    as a whole passes the memory gate (``MemoryGate.chain_refusal``: the exact estimated peak
+    before and after, against the chain's time saved) and, with a verifier, keeps results.
+    Otherwise undo every link and put the nodes back in their order: the graph is exactly as
+    before, and the caller judges the links one by one. Returns the applied links ([] if not).
+
+    A parameter layout that changes the module when it lays parameters out (``RelayoutParams``
+    re-points them into new storage; undoing the graph edit would not undo that) is not used for
+    the trial: ``vertical.ProbeLayout`` stands in with the same bytes and no effect, the trial is
+    undone after it is judged, and a chain that passes is applied again with the real layout."""
+    report, graph = state.report, state.gm.graph
+    if any(n in touched for n in chain.nodes) or any((c.rule, c.nodes) in state.blocked for c in chain.links):
+        return []
+    order = list(graph.nodes)
+    try:
+        before = memory.exact()
+    except CycleError:  # the round's rewrites so far do not sort yet: the end of the round decides
+        _restore_order(graph, order)
+        return []
+    real = ctx.layout
+    probing = not isinstance(real, RuntimeStack)
+    if probing:
+        ctx.layout = ProbeLayout(real)
+    try:
+        trial = _apply_links(state, ctx, chain)
+    finally:
+        ctx.layout = real
+    after = _exact_or_none(memory) if trial is not None else None
+    refusal = "not applied" if after is None else None
+    if trial is not None and after is not None:
+        saved, spent = trial[1]
+        share = saved / spent if spent > 0 else 0.0
+        refusal = (
+            "no faster" if saved <= 0 else memory.chain_refusal(chain.name, before.peak, after.peak, share)
+        )
+        log.debug(
+            "optimus: %s: estimated peak %.0f -> %.0f bytes, gain share %.3f: %s",
+            chain.name,
+            before.peak,
+            after.peak,
+            share,
+            refusal or "taken",
+        )
+        if refusal is not None and refusal.startswith(chain.name):  # the gate's reason
+            ctx.decline(refusal)
+    applied = trial[0] if trial is not None else []
+    if refusal is None and probing:  # judged on the probe: now lay the parameters out for real
+        _undo_links(ctx, applied, graph, order)
+        again = _apply_links(state, ctx, chain)
+        applied = again[0] if again is not None else []
+        after = _exact_or_none(memory) if again is not None else None
+        refusal = "not applied" if after is None else None
+    if refusal is None and state.verifier is not None:
+        problem = _check(state.gm, ctx, state.verifier)
+        if problem is not None:
+            log.warning("optimus: %s changed results (%s); rolled back", chain.name, problem)
+            for link in chain.links:
+                _count(report.rolled_back, link.rule)
+                state.blocked.add((link.rule, link.nodes))
+            refusal = "changed results"
+    if refusal is None and after is not None:
+        memory.adopt(after)
+        _count(report.chains, chain.name)
+        return applied
+    _undo_links(ctx, applied, graph, order)
+    return []
+
+
+def _apply_links(
+    state: _Run, ctx: RewriteContext, chain: Chain
+) -> tuple[list[Applied], tuple[float, float]] | None:
+    """Apply every link of ``chain`` upstream first: (the applied links, (seconds saved, the
+    links' seconds before)), or None (nothing left applied) when one cannot be applied."""
+    by_name = {r.name: r for r in state.rules}
+    report = state.report
+    applied: list[Applied] = []
+    saved = spent = 0.0
+    for link in chain.links:
+        rule = by_name[link.rule]
+        before, after = _chain_link_seconds(state, ctx, rule, link)
+        saved, spent = saved + before - after, spent + before
+        failures = sum(report.rolled_back.values())
+        done = _apply(ctx, rule, link, report)
+        if done is None:
+            if sum(report.rolled_back.values()) > failures:
+                state.blocked.add((link.rule, link.nodes))
+            for prior in reversed(applied):
+                ctx.undo(prior)
+            return None
+        applied.append(done)
+    return applied, (saved, spent)
+
+
+def _undo_links(ctx: RewriteContext, applied: list[Applied], graph: fx.Graph, order: list[fx.Node]) -> None:
+    """Undo applied links (last first) and put the nodes back in ``order``."""
+    for done in reversed(applied):
+        ctx.undo(done)
+    _restore_order(graph, order)
+
+
+def _exact_or_none(memory: MemoryGate) -> Any:
+    """The gate's exact estimate of the graph now, or None when it does not sort (a cycle)."""
+    try:
+        return memory.exact()
+    except CycleError:
+        return None
+
+
+def _chain_link_seconds(state: _Run, ctx: RewriteContext, rule: Any, link: Candidate) -> tuple[float, float]:
+    """(before, after) seconds of one link, priced again now that the links feeding it are
+    applied: a plain horizontal rule then stacks its inputs as a view of the previous fused
+    output, so the seam copy it priced alone is not charged. Other rules keep their price."""
+    cm = state.config.cost_model
+    device = ctx.device_of(link.nodes)
+    first = (cm.seconds(link.before, device), cm.seconds(link.after, device))
+    if not isinstance(rule, HorizontalRule) or type(rule).match is not HorizontalRule.match:
+        return first
+    try:
+        before, after = rule.cost(link.nodes, ctx)
+    except Exception:  # priced alone already; a failure here only loses the seam's credit
+        return first
+    return cm.seconds(before, device), cm.seconds(after, device)
 
 
 def _finish_round(

@@ -13,6 +13,13 @@ next round starts again from an exact estimate of the rewritten graph.
 With the default settings (``memory_margin`` 0.0, no budget) no rewrite the driver would take
 can be refused (it is taken only when it saves time), so the gate is inert and reads no
 estimate: the O(n) estimate is then not paid for every round.
+
+A vertical chain (``optimus.vertical``: a fused group and the per-member chain after it) is
+judged as one rewrite, on exact estimates of the graph before and after it (``exact``,
+``chain_refusal``): its links are only worth their memory together, and the projection above
+(the live bytes where one candidate's members run, plus its own delta) cannot see a later link
+reading an earlier one's stacked output and freeing it. After a chain is taken, the gate
+continues from the exact estimate (``adopt``).
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ from typing import TYPE_CHECKING
 
 from .candidate import Candidate
 from .config import OptimusConfig
+from .graph_index import stable_toposort
+from .memory import LiveEstimate, estimate
 
 if TYPE_CHECKING:
     from .context import RewriteContext
-    from .memory import LiveEstimate
 
 
 @dataclass
@@ -34,6 +42,7 @@ class MemoryGate:
     config: OptimusConfig
     added: float = 0.0  # live bytes the rewrites taken this round may have added
     _peak: float | None = None  # bound on the estimated peak after those rewrites (read lazily)
+    _est: LiveEstimate | None = None  # an exact estimate adopted mid-round (after a chain)
 
     @property
     def active(self) -> bool:
@@ -41,7 +50,7 @@ class MemoryGate:
 
     @property
     def est(self) -> LiveEstimate:
-        return self.ctx.live
+        return self._est if self._est is not None else self.ctx.live
 
     @property
     def peak(self) -> float:
@@ -69,3 +78,32 @@ class MemoryGate:
             projected = max((self.est.at(n) for n in cand.nodes), default=0.0) + self.added + delta
             self._peak = max(self.peak, projected)
             self.added += delta
+
+    def exact(self) -> LiveEstimate:
+        """The estimate of the graph as it is now, mid-round: put in topological order (as the
+        end of the round will), the nodes rewrites of this round replaced (and nothing reads any
+        more) left out. O(n)."""
+        ctx = self.ctx
+        stable_toposort(ctx.graph, ctx.index.ordered)
+        gone = {n for n in ctx.leftovers if not n.users}
+        nodes = [n for n in ctx.graph.nodes if n not in gone]
+        return estimate(nodes, {n: ctx.canon(n) for n in nodes})
+
+    def chain_refusal(self, name: str, before: float, after: float, gain_share: float) -> str | None:
+        """Why a chain that moves the exact estimated peak from ``before`` to ``after`` and saves
+        ``gain_share`` of its own time may not be taken, or None. A chain that does not lift the
+        peak is always taken (as a single rewrite that adds no live bytes would be)."""
+        if after <= before:
+            return None
+        budget = self.config.memory_budget_bytes
+        if budget is not None and after > budget:
+            return f"{name}: over memory_budget_bytes"
+        if gain_share <= self.config.memory_margin:
+            return f"{name}: raises peak memory, gain within memory_margin"
+        return None
+
+    def adopt(self, est: LiveEstimate) -> None:
+        """Continue from an exact estimate of the graph as it is now (after a chain was taken)."""
+        self._est = est
+        self._peak = est.peak
+        self.added = 0.0

@@ -54,6 +54,10 @@ class OptimusReport:
     # the graph as captured and as optimized; with graph breaks, the largest graph's
     live_peak_before: float = 0.0
     live_peak_after: float = 0.0
+    # vertical chains (optimus.vertical) taken as one rewrite under the memory gate, by name
+    # ("vertical chain (batch_linear > batch_layer_norm > batch_unary)"); their links count in
+    # rules_fired as well
+    chains: dict[str, int] = field(default_factory=dict)
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
@@ -68,6 +72,7 @@ class OptimusReport:
             (self.declined, other.declined),
             (self.rolled_back, other.rolled_back),
             (self.declined_reasons, other.declined_reasons),
+            (self.chains, other.chains),
         ):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v

@@ -23,11 +23,16 @@ cost model so every rule that can fire does (``optimize``), the same with
 get and runs the rewritten graph as it is, so a difference is Optimus's rewrite and not Inductor's
 codegen, and an example costs tens of milliseconds instead of an Inductor C++ compile (seconds).
 ``inductor`` (the real ``backend="optimus"`` with Inductor, ``fallback_random`` so random draws
-match eager) is there for a few slow examples.
+match eager) is there for a few slow examples. ``gated`` is ``optimize`` with the memory gate on
+(``memory_margin=0.9``, or ``$OPTIMUS_FUZZ_MARGIN``): vertical chains (optimus/vertical.py) are applied together, judged, and
+taken or undone (``--paths gated``; not in the default set). ``chained``: the gate on with
+a budget nothing reaches (margin 0), so every vertical chain is taken whole, with the parameters
+re-laid out (each chain tried with the probe layout, then applied again; ``--paths chained``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -298,6 +303,7 @@ def _inductor(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) ->
     return _backend_path(inner=None)(module, example, rules)
 
 
+GATED_MARGIN = float(os.environ.get("OPTIMUS_FUZZ_MARGIN", "0.9"))
 PATHS: dict[str, Callable[..., Any]] = {
     "default": _optimize_path(lambda: optimus.OptimusConfig()),
     "optimize": _optimize_path(lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND)),
@@ -305,6 +311,14 @@ PATHS: dict[str, Callable[..., Any]] = {
         lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, layout=RelayoutParams())
     ),
     "backend": _backend_path(),
+    "gated": _optimize_path(
+        lambda: optimus.OptimusConfig(cost_model=LAUNCH_BOUND, memory_margin=GATED_MARGIN)
+    ),
+    "chained": _optimize_path(
+        lambda: optimus.OptimusConfig(
+            cost_model=LAUNCH_BOUND, layout=RelayoutParams(), memory_budget_bytes=1 << 40
+        )
+    ),
     "inductor": _inductor,
     "dynamo": _dynamo_only,
 }
