@@ -250,6 +250,14 @@ class _Reduced(nn.Module):
         return torch.stack([torch.tanh(self.norm[i](self.lin[i](x[i]))).sum(0) for i in range(self.n)])
 
 
+def _assert_same_grads(want: list[torch.Tensor | None], got: list[torch.Tensor | None], **tol: float) -> None:
+    """Each parameter's gradient: None where eager's is None, else close to eager's."""
+    for a, b in zip(want, got, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, **tol)  # type: ignore[arg-type]
+
+
 def _backward_grads(module: nn.Module, fn: object, x: torch.Tensor) -> list[torch.Tensor | None]:
     """Gradients by ``.backward()`` (the re-laid-out layout's contract: autograd.grad w.r.t. the
     original parameters is not supported there, see optimus/layout_relayout.py)."""
@@ -282,10 +290,7 @@ def test_a_refused_chain_leaves_re_laid_out_parameters_alone() -> None:
     assert grouped == [] or stacked, grouped  # a parameter grouped only by a refused trial
     torch.testing.assert_close(gm(x), want_out)
     got = _backward_grads(module, gm, x)
-    for a, b in zip(want, got, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(b, a)
+    _assert_same_grads(want, got)
 
 
 def test_a_chain_taken_with_re_laid_out_parameters_reads_them_free() -> None:
@@ -301,10 +306,7 @@ def test_a_chain_taken_with_re_laid_out_parameters_reads_them_free() -> None:
     assert count_calls(gm, torch.stack) == 0 and count_calls(gm, torch.as_strided) == 0
     torch.testing.assert_close(gm(*inputs), want_out)
     got = _backward_grads(module, gm, inputs[0])
-    for a, b in zip(want, got, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)  # sums over a batch of 64, reordered
+    _assert_same_grads(want, got, rtol=1e-3, atol=1e-4)  # sums over a batch of 64, reordered
 
 
 def test_readme_towers_with_re_laid_out_parameters_fuse_whole_at_margin_one() -> None:
@@ -324,7 +326,4 @@ def test_readme_towers_with_re_laid_out_parameters_fuse_whole_at_margin_one() ->
     assert count_calls(gm, F.linear) == 0 and count_calls(gm, F.layer_norm) == 1
     torch.testing.assert_close(gm(*inputs), want_out)
     got = _backward_grads(module, gm, inputs[0])
-    for a, b in zip(want, got, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+    _assert_same_grads(want, got, rtol=1e-3, atol=1e-4)
