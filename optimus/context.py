@@ -136,6 +136,8 @@ class RewriteContext:
         def key(node: fx.Node) -> Hashable | None:
             if node.op not in ("call_function", "call_method", "call_module") or not self.movable(node):
                 return None
+            if not node.users:  # a value nobody reads: batching it only adds work to the group
+                return None
             return rule.key(node, self)
 
         out: list[Candidate] = []

@@ -88,6 +88,25 @@ def test_unary_dropout_and_inplace_never_fuse() -> None:
     assert count_calls(gm, F.dropout) == 6
 
 
+def test_unary_values_nobody_reads_are_not_batched() -> None:
+    """Six dead tanh calls (computed, never read) stay out of every group: batching them adds
+    work, and they must not split or join the group of six live ones."""
+    torch.manual_seed(0)
+
+    def fn(self, x):  # type: ignore[no-untyped-def]
+        for i in range(6):
+            torch.tanh(x[i] + 2.0)  # dead
+        return [torch.tanh(x[i] + 0.0) for i in range(6)]
+
+    mod = Fn(fn)
+    x = torch.randn(6, 4, 8)
+    gm = optimize_traced(mod, [x], rules=["batch_unary"])
+    assert gm.optimus_report.rules_fired == {"batch_unary": 1}
+    stacked = [n for n in gm.graph.nodes if n.target is torch.stack]
+    assert len(stacked) == 1 and len(stacked[0].args[0]) == 6
+    assert_parity(mod, gm, [x])
+
+
 def test_unary_dependent_chain_does_not_fuse() -> None:
     mod = Fn(lambda self, x: torch.tanh(torch.tanh(torch.tanh(torch.tanh(x)))))
     x = torch.randn(4, 8)
