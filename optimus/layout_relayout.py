@@ -29,7 +29,8 @@ GraphModule that ``optimize()`` owns (the torch.compile backend and Inductor's p
 parameters as graph inputs or as another module's attributes: re-pointing them there is not safe);
 ``verify=True``; a parameter repeats, is not a leaf ``nn.Parameter``, or already lives in another
 re-laid-out group in a different order; the parameters differ in dtype, device, shape or
-``requires_grad``.
+``requires_grad``; a new group of fewer than ``MIN_TRAINABLE_MEMBERS`` parameters that require
+grad (the backward's gradient hand-off costs more than it saves).
 
 Why opt-in, not the default: ``torch.autograd.grad(loss, model.parameters())`` (and torch.func
 transforms) differentiate w.r.t. the original parameter objects, which are no longer in the
@@ -71,6 +72,13 @@ __all__ = [
 # Copying a member's gradient into the kept buffer costs about 0.03 ns/byte on this CPU; making
 # its view costs about 450 ns. Below this size per member the copy is the cheaper of the two.
 REUSE_MAX_MEMBER_BYTES = 8192
+# Fewest members of a new group of trainable parameters (requires_grad) worth re-laying out. Each
+# backward hands the stacked gradient to the members through a Python hook, a fixed cost per
+# group that the forward-only cost model does not see. Measured (results/outside-corpus/README.md,
+# G parallel Linear(72, 24) -> relu -> Linear(24, 32) branches, training steps, re-laid out and
+# fused vs separate): G = 2 0.76x, G = 3 1.02x, G = 4 1.24x, G = 8 1.76x. Smaller trainable groups
+# fall back to the per-call stack, which the cost model prices (and declines where it does not pay).
+MIN_TRAINABLE_MEMBERS = 3
 
 
 def _hide_from_state_dict(gm: fx.GraphModule) -> None:
@@ -123,6 +131,8 @@ class RelayoutParams:
                 return None
             found.append(value)
         first = found[0]
+        if first.requires_grad and len(found) < MIN_TRAINABLE_MEMBERS and self._group_of(first) is None:
+            return None  # the gradient hand-off costs more than the group saves (see the constant)
         if len({id(p) for p in found}) != len(found):
             return None  # a repeated parameter: RuntimeStack's broadcast view is already free
         for p in found:
