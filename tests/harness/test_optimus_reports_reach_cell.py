@@ -13,18 +13,21 @@ from harness.runner import run_one
 from harness.spec import CellKey, RunConfig
 
 
-class TwoTowers(nn.Module):
+class ThreeTowers(nn.Module):
+    """Three trainable towers: the fewest the re-layout takes (``MIN_TRAINABLE_MEMBERS``), so a
+    rule fires and there is a report worth carrying."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.a(x), self.b(x)], 1)
+        return torch.cat([self.a(x), self.b(x), self.c(x)], 1)
 
 
 def test_eager_optimus_prepared_carries_its_report() -> None:
     torch.manual_seed(0)
-    prepared = modes.prepare("eager+optimus", TwoTowers(), (torch.randn(4, 8),))
+    prepared = modes.prepare("eager+optimus", ThreeTowers(), (torch.randn(4, 8),))
     assert len(prepared.reports) == 1
     merged = modes.merge_reports(prepared.reports)
     assert merged["rules_fired"] == prepared.reports[0].rules_fired and merged["rules_fired"]
@@ -33,7 +36,7 @@ def test_eager_optimus_prepared_carries_its_report() -> None:
 
 def test_backend_object_carries_the_reports_of_its_own_compile() -> None:
     torch.manual_seed(0)
-    model, x = TwoTowers(), torch.randn(4, 8)
+    model, x = ThreeTowers(), torch.randn(4, 8)
     mine = optimus.backend(inner=lambda gm, example: gm.forward)  # Dynamo only, no Inductor
     other = optimus.backend(inner=lambda gm, example: gm.forward)
     assert mine.reports == []  # nothing until torch.compile compiles, at the first call
