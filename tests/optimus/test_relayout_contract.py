@@ -48,16 +48,23 @@ def loss(out: torch.Tensor) -> torch.Tensor:
     return out.pow(2).sum()
 
 
+# float32's tolerances, also once a model is converted to float64: its values and gradients then
+# carry the float32 steps before the conversion, where one batched GEMM and separate GEMMs sum in
+# different orders (which order, and so the last bit, depends on the CPU's kernels: on one machine
+# float64's own 1e-7 held, on another linears.3.weight.grad was 3e-7 off)
+F32_TOL = {"rtol": 1.3e-6, "atol": 1e-5}
+
+
 def assert_same_params(model: nn.Module, ref: nn.Module) -> None:
     """Values and ``.grad`` (presence and values) of every parameter, by name."""
     got, want = dict(model.named_parameters()), dict(ref.named_parameters())
     assert list(got) == list(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name)
+        torch.testing.assert_close(got[name], want[name], msg=name, **F32_TOL)
         g, w = got[name].grad, want[name].grad
         assert (g is None) == (w is None), f"{name}: grad {g is not None} vs unfused {w is not None}"
         if w is not None:
-            torch.testing.assert_close(g, w, msg=f"{name}.grad")
+            torch.testing.assert_close(g, w, msg=f"{name}.grad", **F32_TOL)
 
 
 def train(
@@ -264,7 +271,7 @@ def test_to_float64_then_load_and_train_like_the_unfused_model(which: str) -> No
     x64 = x.double()
     out = gm(x64)
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, ref(x64))
+    torch.testing.assert_close(out, ref(x64), **F32_TOL)
     # the float64 call re-optimized the model through whole-graph export; before, the members'
     # converted .grad (float64 data in views of the float32 gradient buffer) made Dynamo fail and
     # fall back to per-call subgraphs
@@ -447,7 +454,7 @@ def test_random_sequences_of_parameter_operations_match_the_unfused_model(seed: 
                 opts[k].step()
         elif op == "infer":
             with torch.no_grad():
-                torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)))
+                torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)), **F32_TOL)
         elif op in ("freeze", "unfreeze"):
             for m in (model, ref):
                 getattr(m.linears[i], which).requires_grad_(op == "unfreeze")
@@ -473,4 +480,4 @@ def test_random_sequences_of_parameter_operations_match_the_unfused_model(seed: 
         elif op == "adam":
             opts = {k: torch.optim.Adam(m.parameters(), lr=0.01) for k, (m, _) in pairs.items()}
         assert_same_params(model, ref)
-    torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)))
+    torch.testing.assert_close(gm(x.to(dtype)), ref(x.to(dtype)), **F32_TOL)
