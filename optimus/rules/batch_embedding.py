@@ -75,8 +75,8 @@ class BatchEmbedding(HorizontalRule):
         flat = b.method("reshape", b.stack(idxs), g, -1)  # [G, n] indices
         dtype, device = i_meta.dtype, i_meta.device
         starts = [sum(rows[:k]) for k in range(g)]
-        limits = b.call(torch.tensor, [[r] for r in rows], dtype=dtype, device=device)
-        offsets = b.call(torch.tensor, [[s] for s in starts], dtype=dtype, device=device)
+        limits = b.constant([[r] for r in rows], dtype=dtype, device=device)
+        offsets = b.constant([[s] for s in starts], dtype=dtype, device=device)
         inside = b.call(torch.logical_and, b.call(torch.ge, flat, 0), b.call(torch.lt, flat, limits))
         # an index outside its own table becomes -1, so the lookup raises IndexError as eager's does
         rows_at = b.call(torch.where, inside, b.call(torch.add, flat, offsets), -1)
@@ -103,7 +103,8 @@ class BatchEmbedding(HorizontalRule):
         )
         stack_bytes = ctx.stack_bytes(idxs)
         after = Cost(
-            # stack, two constant index tables, the check, the offsets' add, the lookup, views
+            # stack, two constant index tables (priced as built per call, as inside a Dynamo
+            # backend: Builder.constant), the check, the offsets' add, the lookup, views
             launches=(stack_bytes > 0) + 2 * 0.5 + CHECK_LAUNCHES + 1 + 1 + cat_launches + 0.3,
             bytes=g * (2 * out_bytes + 6 * idx_bytes) + stack_bytes + cat_bytes,
         )

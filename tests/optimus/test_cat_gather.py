@@ -5,6 +5,7 @@ declines a short gather without gradients."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -15,6 +16,7 @@ from split_cat_helpers import fired, ops
 from torch import nn
 
 import optimus
+from optimus.builder import CONSTANT_PREFIX
 
 F = 8
 ROW, COL = zip(*itertools.combinations(range(F), 2), strict=True)
@@ -69,3 +71,35 @@ def test_the_cost_model_declines_a_short_gather_without_gradients() -> None:
 
     gm = optimus.optimize(Short(), (torch.randn(4, 3, 2),))  # no grad: the cat's backward never runs
     assert fired(gm, "cat_gather") == 0 and gm.optimus_report.declined.get("cat_gather") == 1
+
+
+def test_the_index_is_a_buffer_made_once_outside_the_state_dict() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(8, F, 1, 4, requires_grad=True)  # with gradients: 28 pieces gather
+    model = Pairs()
+    gm = optimus.optimize(model, (x,))
+    assert fired(gm, "cat_gather") == 2
+    assert not [n for n in gm.graph.nodes if n.target is torch.tensor]  # nothing built per call
+    consts = [name for name, _ in gm.named_buffers() if name.startswith(CONSTANT_PREFIX)]
+    assert len(consts) == 2
+    assert not [k for k in gm.state_dict() if k.startswith(CONSTANT_PREFIX)]
+    torch.testing.assert_close(copy.deepcopy(gm)(x), model(x))
+    gm.double()  # the index stays int64; the gather follows the input's dtype
+    assert all(b.dtype == torch.int64 for name, b in gm.named_buffers() if name in consts)
+    torch.testing.assert_close(gm(x.double()), model(x.double()))
+
+
+def test_the_optimus_backend_and_inductor_run_the_gather() -> None:
+    torch.manual_seed(2)
+    x = torch.randn(8, F, 1, 4, requires_grad=True)
+    model = Pairs()
+    torch._dynamo.reset()
+    backend_out = torch.compile(model, backend="optimus", fullgraph=True)(x)
+    assert_same_results(model(x), backend_out, sources=[x])
+    gm = optimus.optimize(model, (x,))
+    assert fired(gm, "cat_gather") == 2
+    inductor_out = torch.compile(gm, fullgraph=True)(x)
+    torch.testing.assert_close(inductor_out, model(x))
+    (g,) = torch.autograd.grad(inductor_out.sum(), x)
+    (want,) = torch.autograd.grad(model(x).sum(), x)
+    torch.testing.assert_close(g, want)
