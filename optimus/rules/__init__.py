@@ -31,6 +31,7 @@ from .normalize_split_cat import NormalizeSplitCat
 from .reshape_pieces import ReshapePieces
 from .split_cat import SplitCat
 from .split_squeeze import SplitSqueeze
+from .stack_cast_pieces import StackCastPieces
 from .stack_pieces import StackPieces
 from .stack_unbind import StackUnbind
 from .unbind_cat import UnbindCat
@@ -67,6 +68,7 @@ REGISTRY: dict[str, type] = {
     "stack_unbind": StackUnbind,
     "unbind_cat": UnbindCat,
     "stack_pieces": StackPieces,
+    "stack_cast_pieces": StackCastPieces,  # stack of x[.., i:i+1].long() pieces: one conversion of a view
     "cat_pieces": CatPieces,  # cat of adjacent equal pieces along another dim: one clone
     "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather
     "reshape_pieces": ReshapePieces,  # stack/cat of equally reshaped adjacent pieces: one reshape, one clone
