@@ -185,9 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
 
     p = sub.add_parser(
-        "targets", help="the issue-7 performance goals judged from results files (met / missed)"
+        "targets", help="an issue's performance goals judged from results files (met / missed)"
     )
     p.add_argument("results", nargs="+", help="harness results JSON files")
+    p.add_argument(
+        "--goals",
+        choices=("issue7", "issue16"),
+        default="issue7",
+        help="whose goals: issue7 (harness/targets.py, the default) or issue16 (harness/targets_wave2.py)",
+    )
     p.add_argument("--json", default=None, help="also write the verdicts here (atomically)")
 
     p = sub.add_parser(
@@ -428,11 +434,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_targets(args: argparse.Namespace) -> int:
     import json
 
-    from harness import results, targets
+    from harness import results, targets, targets_wave2
 
     if args.json:
         check_output_file(args.json, "--json")
-    found = targets.verdicts(results.load(p) for p in args.results)
+    judge = targets_wave2.verdicts if args.goals == "issue16" else targets.verdicts
+    found = judge(results.load(p) for p in args.results)
     print(targets.render(found))
     if args.json:
         results.write_atomic(args.json, json.dumps(targets.as_json(found), indent=1) + "\n")
