@@ -32,6 +32,7 @@ from ._node_set_rule import Found, NodeSetRule
 from ._split_cat_cost import copy_cost, views
 from ._split_cat_util import adjacent_pieces, all_movable, only_used_by, stack_view, tuple_dies_with
 from .base import Cost
+from .stack_pieces import _built
 
 
 def _cast_of(node: Any, ctx: RewriteContext) -> tuple[fx.Node, torch.dtype] | None:
@@ -90,12 +91,8 @@ class StackCastPieces(NodeSetRule):
 
     def build(self, members: Sequence[fx.Node], data: Any, b: Builder) -> Sequence[fx.Node]:
         x, d, e, start, n, length, partial, dtype = data
-        if partial:
-            x = b.call(torch.narrow, x, d, start, n * length)
-        x = b.call(torch.unflatten, x, d, (n, length))
-        if d != e:
-            x = b.call(torch.movedim, x, d, e)
-        return [b.method("to", x, dtype, memory_format=torch.contiguous_format)]
+        view = _built(x, d, e, start, n, length, partial, b)  # stack_pieces' view of the pieces
+        return [b.method("to", view, dtype, memory_format=torch.contiguous_format)]
 
 
 __all__ = ["StackCastPieces"]
