@@ -78,13 +78,12 @@ class StackCastPieces(NodeSetRule):
         dying = sum(
             1
             for h, own in holders.items()
-            if (only_used_by(h, [*stack.tensors]) if own else tuple_dies_with(h, [*stack.tensors]))
+            if (only_used_by(h, stack.tensors) if own else tuple_dies_with(h, stack.tensors))
         )
-        in_bytes = out.numel * meta.dtype.itemsize
-        # n conversions (one launch each; together they read the pieces and write their copies)
-        casts_cost = Cost(launches=float(n), bytes=float(in_bytes + out.nbytes))
-        before = copy_cost(node, ctx) + casts_cost + views(dying)
-        after = views(1 + int(partial) + int(d != e)) + Cost(launches=1.0, bytes=float(in_bytes + out.nbytes))
+        # one conversion reads the pieces and writes the result; n of them read and write as much
+        moved = float(out.numel * meta.dtype.itemsize + out.nbytes)
+        before = copy_cost(node, ctx) + Cost(launches=float(n), bytes=moved) + views(dying)
+        after = views(1 + int(partial) + int(d != e)) + Cost(launches=1.0, bytes=moved)
         return Found(
             (node,), before, after, (first.source, d, e, first.start, n, first.length, partial, dtypes.pop())
         )
