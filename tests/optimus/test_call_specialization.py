@@ -46,6 +46,25 @@ def test_another_batch_size_gets_the_right_shape_and_gradients(config: str) -> N
     assert len(gm.optimus_specializations) == 1
 
 
+def test_a_known_variant_is_called_without_the_slow_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alternating batch sizes (an epoch's last, smaller batch): once its graph exists, a call
+    goes straight to it; a train/eval switch is still another graph, never the known one."""
+    from optimus import specialized
+
+    model, gm = _optimized("relayout")
+    small = torch.randn(5, 256)
+    gm(small)  # made here, through the dispatch
+    dispatched: list[object] = []
+    real = specialized._dispatch
+    monkeypatch.setattr(specialized, "_dispatch", lambda *a: dispatched.append(a) or real(*a))
+    for x in (small, torch.randn(8, 256), small):
+        torch.testing.assert_close(gm(x), model(x))
+    assert dispatched == [] and len(gm.optimus_specializations) == 1
+    gm.eval()
+    torch.testing.assert_close(gm(small), model(small))
+    assert len(dispatched) == 1 and len(gm.optimus_specializations) == 2
+
+
 def test_other_strides_are_another_signature() -> None:
     model, gm = _optimized("default", 2.0)
     x = torch.randn(256, 8).t()
