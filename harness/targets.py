@@ -44,7 +44,7 @@ def _status(c: dict[str, Any] | None) -> str:
     return "missing" if c is None else str(c.get("status"))
 
 
-def _pair(
+def cell_pair(
     cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, name: str
 ) -> tuple[dict[str, Any], dict[str, Any], str] | Verdict:
     """(base cell, new cell, label) when both are ok; else the no-data verdict saying why."""
@@ -56,11 +56,11 @@ def _pair(
     return base, new, label
 
 
-def _ratio(
+def speedup_verdict(
     cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
 ) -> Verdict:
     """Speedup of ``key``'s mode over ``base_mode`` (median ratio with 95% bootstrap CI) >= goal."""
-    pair = _pair(cells, key, base_mode, name)
+    pair = cell_pair(cells, key, base_mode, name)
     if isinstance(pair, Verdict):
         return pair
     base, new, label = pair
@@ -68,11 +68,11 @@ def _ratio(
     return Verdict(name, label, f"{s['x']:.2f}x ({s['lo']:.2f}-{s['hi']:.2f})", s["x"] >= goal)
 
 
-def _compile_ratio(
+def compile_time_verdict(
     cells: dict[CellKey, dict[str, Any]], key: CellKey, base_mode: str, goal: float, name: str
 ) -> Verdict:
     """compile_s of ``key`` / compile_s of ``base_mode`` <= goal."""
-    pair = _pair(cells, key, base_mode, name)
+    pair = cell_pair(cells, key, base_mode, name)
     if isinstance(pair, Verdict):
         return pair
     base, new, label = pair
@@ -99,9 +99,9 @@ def verdicts(docs: Iterable[dict[str, Any]]) -> list[Verdict]:
         key = CellKey(model, scale, opt, phase)
         if model in SPEED_FAMILIES and scale in ("medium", "large"):
             goal = 1.6 if phase == "infer" else 1.3
-            out.append(_ratio(cells, key, "compile", goal, f"speedup vs compile >= {goal}x"))
+            out.append(speedup_verdict(cells, key, "compile", goal, f"speedup vs compile >= {goal}x"))
         if model in SCALED_FAMILIES and scale == "large":
-            out.append(_compile_ratio(cells, key, "compile", 0.5, "compile time <= 50% of compile"))
+            out.append(compile_time_verdict(cells, key, "compile", 0.5, "compile time <= 50% of compile"))
         if model == "towers" and scale == "large" and phase == "train":
             base, new = cells.get(CellKey(model, scale, "compile", phase)), cells.get(key)
             if (
@@ -134,14 +134,14 @@ def verdicts(docs: Iterable[dict[str, Any]]) -> list[Verdict]:
                 )
             )
         else:
-            out.append(_ratio(cells, key, "compile+peer", 1.0, "ahead of compile+peer (latency)"))
+            out.append(speedup_verdict(cells, key, "compile+peer", 1.0, "ahead of compile+peer (latency)"))
             out.append(
-                _compile_ratio(cells, key, "compile+peer", 1.0, "ahead of compile+peer (compile time)")
+                compile_time_verdict(cells, key, "compile+peer", 1.0, "ahead of compile+peer (compile time)")
             )
-        out.append(_ratio(cells, key, "compile", FLOOR, f"no cell below {FLOOR}x of compile"))
+        out.append(speedup_verdict(cells, key, "compile", FLOOR, f"no cell below {FLOOR}x of compile"))
         if model == "towers" and phase == "infer":
             out.append(
-                _ratio(
+                speedup_verdict(
                     cells,
                     CellKey(model, scale, "eager+optimus", phase),
                     "eager",

@@ -30,7 +30,7 @@ from harness import limit
 from harness.paper import speedup
 from harness.results import cell_map
 from harness.spec import CellKey
-from harness.targets import FLOOR, Verdict, _compile_ratio, _pair, _ratio
+from harness.targets import FLOOR, Verdict, cell_pair, compile_time_verdict, speedup_verdict
 
 OPT = "compile+optimus"
 INFER_FAMILIES = ("towers", "mmoe")
@@ -43,7 +43,7 @@ EMBEDDING_OPS = ("embedding", "Embedding")  # a peak inside these is the sparse 
 def _infer(cells: dict[CellKey, dict[str, Any]], key: CellKey) -> Verdict:
     """>= 1.6x, or >= 90% of the headroom where the measured limit is below 1.6x."""
     name = f"infer >= {INFER_GOAL}x, or >= {HEADROOM_GOAL:.0%} of the headroom under a lower limit"
-    pair = _pair(cells, key, "compile", name)
+    pair = cell_pair(cells, key, "compile", name)
     if isinstance(pair, Verdict):
         return pair
     base, new, label = pair
@@ -66,7 +66,7 @@ def _infer(cells: dict[CellKey, dict[str, Any]], key: CellKey) -> Verdict:
 def _memory(cells: dict[CellKey, dict[str, Any]], key: CellKey) -> list[Verdict]:
     """The ceiling (every cell) and, where the peak is not in an embedding op, the floor."""
     ceiling = f"peak memory <= {MEM_CEILING:.2f}x of compile"
-    pair = _pair(cells, key, "compile", ceiling)
+    pair = cell_pair(cells, key, "compile", ceiling)
     if isinstance(pair, Verdict):
         return [pair]
     base, new, label = pair
@@ -101,17 +101,19 @@ def verdicts(docs: Iterable[dict[str, Any]]) -> list[Verdict]:
                 out.append(_infer(cells, key))
             goal = TRAIN_GOALS.get(model)
             if phase == "train" and goal is not None:
-                out.append(_ratio(cells, key, "compile", goal, f"train >= {goal}x"))
-            out.append(_compile_ratio(cells, key, "compile", 0.5, "compile time <= 0.5x of compile"))
+                out.append(speedup_verdict(cells, key, "compile", goal, f"train >= {goal}x"))
+            out.append(compile_time_verdict(cells, key, "compile", 0.5, "compile time <= 0.5x of compile"))
             if phase == "infer" and model in INFER_FAMILIES:
                 eager_key = CellKey(model, scale, "eager+optimus", phase)
-                out.append(_ratio(cells, eager_key, "eager", 1.5, "eager+optimus >= 1.5x eager"))
+                out.append(speedup_verdict(cells, eager_key, "eager", 1.5, "eager+optimus >= 1.5x eager"))
             peer = cells.get(CellKey(model, scale, "compile+peer", phase))
             if peer is not None and peer.get("status") == "ok":
                 out.append(
-                    _ratio(cells, key, "compile+peer", 1.0, "ahead of compile+peer (peer matches eager)")
+                    speedup_verdict(
+                        cells, key, "compile+peer", 1.0, "ahead of compile+peer (peer matches eager)"
+                    )
                 )
-            out.append(_ratio(cells, key, "compile", FLOOR, f"no cell below {FLOOR}x of compile"))
+            out.append(speedup_verdict(cells, key, "compile", FLOOR, f"no cell below {FLOOR}x of compile"))
         if scale in ("medium", "large"):
             out.extend(_memory(cells, key))
     return out
