@@ -12,6 +12,7 @@ import torch
 from torch import fx, nn
 
 from . import caller_state, capture, driver, dynamo_watch, sparse_boundary
+from .builder import CONSTANT_PREFIX
 from .call_signature import forward_names
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
@@ -58,7 +59,18 @@ def optimize_graph_module(
         report.stop_reason = StopReason.unchanged()
         report.nodes_after = report.nodes_before = len(gm.graph.nodes)
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
+    drop_unused_constants(gm)
     return report
+
+
+def drop_unused_constants(gm: fx.GraphModule) -> None:
+    """Delete the ``Builder.constant`` buffers no node reads any more. Why: a rewrite that was
+    rolled back (declined by the verifier, an exception, an unplaceable result) leaves the buffer
+    it registered; it is outside ``state_dict`` but still dead state that ``.to()`` converts and
+    ``deepcopy`` copies."""
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [b for b in gm._buffers if b.startswith(CONSTANT_PREFIX) and b not in read]:
+        delattr(gm, name)
 
 
 def make_config(

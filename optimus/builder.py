@@ -23,6 +23,15 @@ if TYPE_CHECKING:
 CONSTANT_PREFIX = "_optimus_const_"  # buffers Builder.constant registers on the graph's module
 
 
+def free_attr_name(module: torch.nn.Module, prefix: str) -> str:
+    """The first ``f"{prefix}{i}"`` (i = 0, 1, ...) that ``module`` has no attribute of: where a
+    rewrite registers a tensor it adds (a stacked parameter, a constant buffer)."""
+    index = 0
+    while hasattr(module, f"{prefix}{index}"):
+        index += 1
+    return f"{prefix}{index}"
+
+
 class Builder:
     def __init__(self, ctx: RewriteContext, anchor: fx.Node) -> None:
         self.ctx = ctx
@@ -60,10 +69,7 @@ class Builder:
         owner = self.graph.owning_module
         if owner is None or hasattr(owner, "_param_name_to_source"):
             return self.call(torch.tensor, data, dtype=dtype, device=device)
-        index = 0
-        while hasattr(owner, f"{CONSTANT_PREFIX}{index}"):
-            index += 1
-        name = f"{CONSTANT_PREFIX}{index}"
+        name = free_attr_name(owner, CONSTANT_PREFIX)
         owner.register_buffer(name, torch.tensor(data, dtype=dtype, device=device), persistent=False)
         with self.graph.inserting_before(self.anchor):
             return self._add(self.graph.get_attr(name))

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from torch import fx, nn
 
 from . import relayout_contract
+from .builder import free_attr_name
 from .layout import RuntimeStack
 from .relayout_group import GROUP_ATTR, STACKED_GROUP_ATTR, _Group, _Kind, new_group, still_views
 
@@ -168,10 +169,7 @@ class RelayoutParams:
         group = entry[0] if entry is not None else new_group(members, kind, REUSE_MAX_MEMBER_BYTES)
         name = next((n for n, p in gm._parameters.items() if p is group.stacked), None)
         if name is None:
-            index = 0
-            while hasattr(gm, f"{PREFIX}{index}"):
-                index += 1
-            name = f"{PREFIX}{index}"
+            name = free_attr_name(gm, PREFIX)
             gm.register_parameter(name, group.stacked)
             _hide_from_state_dict(gm)
             relayout_contract.bind(gm, name, group, [str(p.target) for p in params], REUSE_MAX_MEMBER_BYTES)

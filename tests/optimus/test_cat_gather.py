@@ -89,6 +89,23 @@ def test_the_index_is_a_buffer_made_once_outside_the_state_dict() -> None:
     torch.testing.assert_close(gm(x.double()), model(x.double()))
 
 
+def test_a_rolled_back_run_leaves_no_index_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gathers are built (and their buffers registered), then the run fails and the graph is
+    restored: the buffers no node reads are dropped with it."""
+    from optimus import driver
+
+    def fail(report: object) -> None:
+        raise RuntimeError("injected after the rewrites")
+
+    monkeypatch.setattr(driver, "_note_unchanged", fail)
+    x = torch.randn(8, F, 1, 4, requires_grad=True)
+    model = Pairs()
+    gm = optimus.optimize(model, (x,))
+    assert "unchanged: RuntimeError: injected after the rewrites" in gm.optimus_report.notes
+    assert not [name for name, _ in gm.named_buffers() if name.startswith(CONSTANT_PREFIX)]
+    torch.testing.assert_close(gm(x), model(x))
+
+
 def test_the_optimus_backend_and_inductor_run_the_gather() -> None:
     torch.manual_seed(2)
     x = torch.randn(8, F, 1, 4, requires_grad=True)
