@@ -194,8 +194,10 @@ class RewriteContext:
     def grad_reaching(self) -> set[fx.Node]:
         """Nodes a gradient from what the caller sees can reach: those read by the graph's output
         or by an op that writes in place (the written value may be read later), or by a node in
-        this set whose output requires grad (or is not known to be a single tensor). A value whose
-        every reader records no autograd (runs under ``no_grad``, ``.detach()``) is not in it.
+        this set whose output requires grad (or is not known to be a single tensor) and that does
+        not run with grad mode off (:meth:`Regions.grad_disabled`: a node a rule made records no
+        flag). A value whose every reader records no autograd (runs under ``no_grad``,
+        ``.detach()``) is not in it.
         Computed once per round, walking the graph backwards."""
         if self._grad_reaching is None:
             reaching: set[fx.Node] = set()
@@ -203,7 +205,11 @@ class RewriteContext:
                 for user in node.users:
                     if (
                         user.op == "output"
-                        or (user in reaching and output_requires_grad(user) is not False)
+                        or (
+                            user in reaching
+                            and output_requires_grad(user) is not False
+                            and not self.index.regions.grad_disabled(user)
+                        )
                         or mutated_args(user, self.index.canons.get(user))
                     ):
                         reaching.add(node)

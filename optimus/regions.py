@@ -109,6 +109,44 @@ class Regions:
         self.boundaries_set = set(self.boundaries)
         self.indexed = set(nodes)
         self.unknown = [b for b in self.boundaries if context_kind(b) == "unknown"]
+        self._disabled: set[int] | None = None  # segments run with grad mode off (made on demand)
+
+    def grad_disabled(self, node: fx.Node) -> bool:
+        """Whether ``node`` runs with grad mode known to be off (after a ``_set_grad_enabled(False)``
+        or inside ``inference_mode``): its result then never requires grad, recorded or not.
+
+        WHY: nodes a rule created carry no example value, so their ``requires_grad`` is unknown
+        (:func:`optimus.meta.output_requires_grad` is None) and was taken as True; a batched
+        pooling under ``no_grad`` then made the experts it reads look reached by a gradient, and
+        their linears were batched with towers the loss reaches: the experts' parameters got zero
+        gradients where eager leaves ``.grad`` None (fuzz seed 46)."""
+        seg = self.segment.get(node)
+        return seg is not None and seg in self._disabled_segments()
+
+    def _disabled_segments(self) -> set[int]:
+        if self._disabled is not None:
+            return self._disabled
+        disabled: set[int] = set()
+        mode: bool | None = None  # the mode the graph is entered with: not known here
+        saved: list[bool | None] = []
+        for b in self.boundaries:
+            kind = context_kind(b)
+            if kind == "grad":
+                arg = b.args[0] if b.args else None
+                mode = arg if isinstance(arg, bool) else None
+            elif kind == "inference_mode":
+                if b.target is torch.autograd.grad_mode._enter_inference_mode:
+                    saved.append(mode)
+                    arg = b.args[0] if b.args else True
+                    mode = False if arg is True else (mode if arg is False else None)
+                else:
+                    mode = saved.pop() if saved else None
+            elif kind == "unknown":
+                mode = None
+            if mode is False:
+                disabled.add(self.segment[b] + 1)  # the nodes after this boundary
+        self._disabled = disabled
+        return disabled
 
     @property
     def trivial(self) -> bool:

@@ -47,6 +47,22 @@ KNOWN: dict[str, tuple[str, Spec]] = {
         "regions",
         Spec(_many(3, kind="linear", region="no_grad", consumer="view", variant="nobias")),
     ),
+    # found 2026-12-05 (fuzz seed 46): experts read only by poolings under no_grad keep .grad None;
+    # the batched pooling (a node a rule made, no recorded requires_grad) made them look reached
+    "experts_pooled_only_under_no_grad": (
+        "regions",
+        Spec(
+            (
+                Member("tower", "x", variant="neg"),
+                Member("gate_pool", "x", region="no_grad", variant="mul_sum", shared="stack"),
+                Member("gate_pool", "x", region="no_grad", variant="mul_sum", keep=True, shared="stack"),
+            ),
+            batch=48,
+            width=4,
+            hidden=8,
+            train=False,
+        ),
+    ),
     # 3. effects: BatchNorm, random ops (CSE / DCE)
     "bn_train_twice": ("effects", Spec((Member("bn_twice", "z"),))),
     "bn_train_unused": ("effects", Spec((Member("bn_unused", "z"),))),

@@ -238,3 +238,33 @@ def test_topological_sort_never_moves_a_node_across_a_boundary() -> None:
     early.args = (late,)  # now "early" (no_grad) reads "late" (grad enabled)
     with pytest.raises(CycleError):
         stable_toposort(g, {off, on})
+
+
+class _Modes(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = x.sin()
+        with torch.no_grad():
+            b = x.cos()
+            with torch.enable_grad():
+                c = x.tan()
+            d = x.exp()
+        with torch.inference_mode():
+            e = x.abs()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            f = x.neg()
+        return a, b, c, d, e, f
+
+
+def test_regions_know_where_grad_mode_is_off() -> None:
+    """``Regions.grad_disabled``: the grad mode each op runs in, from the context nodes alone, so
+    it also holds for nodes a rule made (they record no ``requires_grad``)."""
+    from optimus.capture import export
+    from optimus.regions import Regions
+
+    x = torch.randn(3, requires_grad=True)
+    gm = export(_Modes(), (x,))
+    nodes = list(gm.graph.nodes)
+    regions = Regions(nodes)
+    methods = {n.target: n for n in nodes if n.op == "call_method"}
+    off = {name: regions.grad_disabled(methods[name]) for name in ("sin", "cos", "tan", "exp", "abs", "neg")}
+    assert off == {"sin": False, "cos": True, "tan": False, "exp": True, "abs": True, "neg": False}
