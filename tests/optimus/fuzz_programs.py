@@ -59,6 +59,30 @@ GROUP_KINDS = (
     "gate_pool",  # one MMoE task: softmax(Linear(s)) pools a shared experts tensor (batch_gate_pool)
     "slice_matmul",  # s @ P[e] with P[e] a slice of a shared [n, width, hidden] parameter (batch_slice_matmul)
 )
+# Group kinds drawn after all of the above (a draw of their own, so every earlier seed's program
+# stays what it was): DeepCTR's input layer and PNN's pairwise products.
+LATE_GROUP_KINDS = (
+    "feature_lookup",  # F.embedding(ids[:, c:c+1].long(), table_c) per sparse column (stack_cast_pieces, batch_embedding)
+    "pairwise",  # cat([e[a] for a in ROW]) * cat([e[b] for b in COL]) over unbind pieces (cat_gather)
+)
+# Group kinds whose members in one region always share one ``with`` block (a layer is written
+# inside one block; separate blocks are separate regions, which nothing batches across).
+ONE_BLOCK_KINDS = (*GROUP_KINDS, "feature_lookup")
+# How a column of ids becomes an index (``variant`` of a feature_lookup member); "read" also
+# returns a value read from the converted column (the conversions can then not be merged).
+CASTS = {"long": "{c}.long()", "to": "{c}.to(torch.long)", "int": "{c}.int()", "read": "{c}.long()"}
+# The id tensors (``shared`` of a feature_lookup member): small whole numbers kept as floats, as
+# DeepCTR keeps them in its one input X; four times the input's width, so that a run of ten or
+# more adjacent columns exists (batching lookups pays from about ten tables).
+IDS = {
+    "ids_z": "(z.abs() * 2).floor().clamp(max=4.0).repeat(1, 4)",
+    "ids_x": "(x.detach().abs() * 2).floor().clamp(max=4.0).repeat(1, 4)",
+}
+ID_ROWS = 5  # every lookup table has this many rows (ids are 0..4)
+# The source of a pairwise layer's pieces (``variant`` of a pairwise member): a view of the input,
+# a fresh tensor, or a fresh tensor written in place after the cats read it.
+PAIR_SOURCES = ("view", "reshape", "fresh", "written")
+
 # How a task pools the experts ``ex`` [B, E, D] with its gate ``g`` [B, E].
 GATE_FORMS = {
     "matmul": "torch.matmul({g}.unsqueeze(1), {ex}).squeeze(1)",  # DeepCTR's MMOE
@@ -287,6 +311,52 @@ def _slice_matmul_group(c: Choices) -> list[Member]:
     return members
 
 
+def _feature_lookup_group(c: Choices) -> list[Member]:
+    """2..14 per-feature lookups ``F.embedding(ids[:, c:c+1].long(), table)`` of one id tensor:
+    DeepCTR's input layer. Columns consecutive (from 0 or 1), reversed or with a gap (only a run
+    of adjacent slices is one conversion); sometimes a member converts otherwise or reads the other
+    id tensor, or the converted column is also read ("read")."""
+    cast, ids = c.choice(("long", "to", "int")), c.choice(tuple(IDS))
+    # mostly one region around the whole layer and ten or more columns: what batching takes
+    block = _weighted(c, REGIONS, 1) if c.integer(0, 3) else None
+    n = c.integer(10, 14) if c.integer(0, 2) else c.integer(2, 9)
+    order = c.choice(SLICE_ORDERS)
+    slots = list(range(1 if order == "from_one" else 0, n + (order == "from_one")))
+    if order == "reversed":
+        slots.reverse()
+    elif order == "gap":
+        slots = [e + (e >= n // 2) for e in slots]
+    members = []
+    for e in slots:
+        m = _member(c, "feature_lookup", "z")
+        m = replace(
+            m,
+            # one member in twenty converts otherwise or reads the other ids: a layer of twelve
+            # is then still one run about half the time
+            variant=cast if c.integer(0, 19) else c.choice(tuple(CASTS)),
+            shared=ids if c.integer(0, 19) else c.choice(tuple(IDS)),
+            slot=e,
+            region=m.region if block is None else block,
+            # DeepCTR concatenates the lookups as they are: a consumer (an in-place one keeps its
+            # member out of the batch) on one in twelve
+            consumer=m.consumer if c.integer(0, 11) == 0 else "",
+        )
+        members.append(legalize(m))
+    return members
+
+
+def _pairwise_group(c: Choices) -> list[Member]:
+    """1..2 PNN inner-product layers, each over the pieces of one source (``variant``)."""
+    members = []
+    for _ in range(c.integer(1, 2)):
+        m = _member(c, "pairwise", c.choice(SOURCES))
+        members.append(legalize(replace(m, variant=c.choice(PAIR_SOURCES))))
+    return members
+
+
+LATE_GROUPS = {"feature_lookup": _feature_lookup_group, "pairwise": _pairwise_group}
+
+
 # Group generators of GROUP_KINDS (kind k is drawn when bit k of the last draw of :func:`generate` is set).
 GROUPS = {"gate_pool": _gate_pool_group, "slice_matmul": _slice_matmul_group}
 
@@ -331,6 +401,13 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         # are built after the sources' writes: a Linear saves its input for backward)
         members.sort(key=lambda m: (not mutates_source(m), not m.writes))
         spec = replace(spec, members=tuple(members))
+    # Drawn after everything above: 0 none, 1 a lookup input layer, 2 pairwise layers, 3 both.
+    late = c.integer(0, 3)
+    more = [m for k, kind in enumerate(LATE_GROUP_KINDS) if late & (1 << k) for m in LATE_GROUPS[kind](c)]
+    if more:
+        members = [*spec.members, *more]
+        members.sort(key=lambda m: (not mutates_source(m), not m.writes))
+        spec = replace(spec, members=tuple(members))
     return spec
 
 
@@ -358,16 +435,21 @@ def features(spec: Spec) -> set[str]:
             out |= {f"{m.kind}:{m.variant}", f"{m.kind}:{m.shared}"}
         if m.writes:
             out.add(f"{m.kind}:writes")
+        if m.kind in LATE_GROUP_KINDS:
+            out.add(f"{m.kind}:{m.variant}")
     for kind in GROUP_KINDS:
         group = [m for m in spec.members if m.kind == kind]
         if len({m.region for m in group}) > 1:
             out.add(f"{kind}:regions")  # some members in another grad-mode/autocast region
-    slots = [m.slot for m in spec.members if m.kind == "slice_matmul"]
-    if len(slots) > 1:
-        if sorted(slots) != list(range(min(slots), min(slots) + len(slots))):
-            out.add("slice_matmul:gap")
-        elif slots != sorted(slots):
-            out.add("slice_matmul:reversed")
+    for kind in ("slice_matmul", "feature_lookup"):
+        slots = [m.slot for m in spec.members if m.kind == kind]
+        if len(slots) > 1:
+            if sorted(slots) != list(range(min(slots), min(slots) + len(slots))):
+                out.add(f"{kind}:gap")
+            elif slots != sorted(slots):
+                out.add(f"{kind}:reversed")
+    if len({m.shared for m in spec.members if m.kind == "feature_lookup"}) > 1:
+        out.add("feature_lookup:two_sources")
     return out
 
 
@@ -459,6 +541,23 @@ def _slice_matmul_lines(m: Member, i: int) -> tuple[list[str], list[str]]:
     return [*lines, f"o{i} = {act}(y{i})"], outs
 
 
+def _pairwise_lines(m: Member, i: int, spec: Spec) -> list[str]:
+    """PNN's inner products over the F = width // 2 pieces [B, 2] of the source: one cat of the
+    left piece of every pair, one of the right, multiplied ("written": the source is a fresh
+    tensor written in place after both cats read it)."""
+    b, f = spec.batch, spec.width // 2
+    pairs = [(a, c) for a in range(f) for c in range(a + 1, f)]
+    src = {"view": f"{m.src}.view({b}, {f}, 2)", "reshape": f"{m.src}.reshape({b}, {f}, 2)"}
+    lines = []
+    if m.variant in ("fresh", "written"):
+        lines += [f"u{i} = ({m.src} * 1.0).view({b}, {f}, 2)"]
+    lines += [f"e{i} = torch.unbind({src.get(m.variant, f'u{i}')}, 1)"]
+    lines += [f"p{i} = torch.cat([{', '.join(f'e{i}[{a}]' for a, _ in pairs)}], 1)"]
+    lines += [f"q{i} = torch.cat([{', '.join(f'e{i}[{c}]' for _, c in pairs)}], 1)"]
+    lines += [f"u{i}.mul_(2.0)"] if m.variant == "written" else []
+    return [*lines, f"o{i} = p{i} * q{i}"]
+
+
 def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     """(statements, names of the values returned) of member ``i``."""
     s, o = m.src, f"o{i}"
@@ -510,6 +609,16 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     elif m.kind == "slice_matmul":
         more, outs = _slice_matmul_lines(m, i)
         lines += more
+    elif m.kind == "feature_lookup":
+        col = m.slot % (4 * spec.width)
+        lines += [f"c{i} = {CASTS[m.variant].format(c=f'{m.shared}[:, {col}:{col + 1}]')}"]
+        lines += [f"{o} = F.embedding(c{i}, self.f{i}).flatten(1)"]
+        if m.variant == "read":
+            lines += [f"n{i} = c{i}.float().mean()"]
+            outs += [f"n{i}"]
+    elif m.kind == "pairwise":
+        lines += _pairwise_lines(m, i, spec)
+        outs += [f"p{i}"] if m.keep else []  # the cat's own result: its layout is the caller's to see
     elif m.kind == "view_out":
         lines += [f"{o} = {_view_code(m.variant, s, i, spec)}"]
         if writes_under_no_grad(m):  # the write is the effect; autograd forbids reading the view
@@ -526,7 +635,7 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     else:
         raise ValueError(f"unknown member kind {m.kind!r}")
     if o:
-        if m.keep and m.kind not in ("tower", "gate_pool", "slice_matmul"):
+        if m.keep and m.kind not in ("tower", "gate_pool", "slice_matmul", "pairwise"):
             lines.append(f"k{i} = {o}")
             outs.append(f"k{i}")
         lines += _consume(m.consumer, o, spec)
@@ -560,7 +669,7 @@ def forward_source(spec: Spec) -> str:
                 block[-1] + 1 < len(members)
                 and members[block[-1] + 1].region == region
                 and not builds_experts(block[-1] + 1)
-                and (spec.shared_blocks or members[k].kind == members[block[-1] + 1].kind in GROUP_KINDS)
+                and (spec.shared_blocks or members[k].kind == members[block[-1] + 1].kind in ONE_BLOCK_KINDS)
             ):
                 block.append(block[-1] + 1)
         if builds_experts(k):  # outside any region, after the members that write the sources
@@ -577,6 +686,8 @@ def forward_source(spec: Spec) -> str:
         pad = "    " * len(head)
         body += head + [pad + line for line in lines]
         k = block[-1] + 1
+    for name in sorted({m.shared for m in members if m.kind == "feature_lookup"}, reverse=True):
+        body.insert(0, f"{name} = {IDS[name]}")
     if not outs or any(m.src == "h" for m in members):
         body.insert(0, "h = x * 1.5")
     outs = outs or ["h"]  # every program returns something
@@ -599,6 +710,8 @@ def init_source(spec: Spec) -> str:
             lines += [f"self.e{i} = nn.Parameter(torch.randn({5 + i}, {hdim}))"]
         elif m.kind == "matmul_param":
             lines += [f"self.m{i} = nn.Parameter(torch.randn({d}, {hdim}) * 0.3)"]
+        elif m.kind == "feature_lookup":
+            lines += [f"self.f{i} = nn.Parameter(torch.randn({ID_ROWS}, {hdim}))"]
         elif m.kind == "size1":
             lines += [f"self.lin{i} = nn.Linear(1, {hdim}, bias={m.variant == 'bias'})"]
         elif m.kind in ("bn_twice", "bn_unused"):

@@ -22,11 +22,14 @@ from fuzz_checks import FAST_PATHS, PATHS, Observation, check, compare, observe,
 from fuzz_choices import DrawChoices
 from fuzz_known_failures import KNOWN
 from fuzz_programs import (
+    CASTS,
     CONSUMERS,
     EXPERTS,
     GATE_FORMS,
     GROUP_KINDS,
     KINDS,
+    LATE_GROUP_KINDS,
+    PAIR_SOURCES,
     REGIONS,
     SLICE_FORMS,
     SLICED,
@@ -86,6 +89,10 @@ def test_fixed_seeds_cover_every_construct() -> None:
     wanted |= {f"gate_pool:{f}" for f in GATE_FORMS} | {f"gate_pool:{e}" for e in EXPERTS}
     wanted |= {f"slice_matmul:{f}" for f in SLICE_FORMS} | {f"slice_matmul:{p}" for p in SLICED}
     wanted |= {"gate_pool:writes", "slice_matmul:gap", "slice_matmul:reversed"}
+    # DeepCTR's input layer and PNN's pairwise products, each spelling and must-not-fire variant
+    wanted |= {f"kind:{k}" for k in LATE_GROUP_KINDS} | {f"feature_lookup:{c}" for c in CASTS}
+    wanted |= {"feature_lookup:gap", "feature_lookup:reversed", "feature_lookup:two_sources"}
+    wanted |= {f"pairwise:{p}" for p in PAIR_SOURCES}
     assert wanted <= seen, sorted(wanted - seen)
 
 
@@ -160,6 +167,7 @@ def test_generated_programs_exercise_the_rules() -> None:
             fired[rule] = fired.get(rule, 0) + n
     wanted = ("batch_linear", "batch_layer_norm", "merge_shared_linear", "batch_unary", "batch_binary")
     wanted += ("batch_size1_linear", "batch_embedding", "matmul_as_linear", "functionalize_inplace")
+    wanted += ("stack_cast_pieces", "cat_gather")  # DeepCTR's input layer, PNN's pairwise products
     for rule in (*wanted, "split_cat", "stack_unbind", "normalize_split_cat", "cse", "dce"):
         assert fired.get(rule, 0) > 0, (rule, fired)
 
