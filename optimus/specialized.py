@@ -54,6 +54,10 @@ class CallGuard:
         self.warned = False
         self.forward_signature: inspect.Signature | None = None  # made at the first keyword call
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("known", [])  # a guard pickled before ``known`` existed: slow path only
+        self.__dict__.update(state)
+
     def matches(self, args: tuple[Any, ...]) -> bool:
         return self.modes == modes(self.sensitive) and self.signature.matches(args)
 
