@@ -2,8 +2,8 @@
 
 Why: the default ``reproduce`` runs at ``tiny`` scale so it finishes in minutes on a laptop, and
 at that scale compile times and speedups are small. The paper-scale figures (for example the
-compile time saved on dcn ``large`` training) live in the committed results folders
-``results/reproduce-medium`` and ``results/reproduce-large``. This reads those JSON files (never
+compile time saved on dcn ``large`` training) live in the committed results folders (the newest
+runs of all families: ``results/reproduce-medium-limit`` and ``results/reproduce-large-limit``). This reads those JSON files (never
 hard-coded figures) and renders them with the commit and date they were measured at, so a
 newcomer sees both the run they just made and what the same command gives at scale.
 """
@@ -16,8 +16,11 @@ from typing import Any
 
 from harness import paper, results
 
-REFERENCE_RUNS = ("reproduce-medium", "reproduce-large")
-"""Folder names under ``results/``; each holds ``<name>/<name>.json`` from ``optimus-bench reproduce``."""
+REFERENCE_RUNS = (
+    ("reproduce-medium-limit", "reproduce-medium"),
+    ("reproduce-large-limit", "reproduce-large"),
+)
+"""(folder under ``results/``, stem): each folder holds ``<stem>.json`` from ``optimus-bench reproduce``."""
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -25,8 +28,8 @@ REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
 def load_references(root: Path = REPO_RESULTS) -> list[tuple[Path, dict[str, Any]]]:
     """(path, results doc) of every reference run present under ``root``, in REFERENCE_RUNS order."""
     found = []
-    for name in REFERENCE_RUNS:
-        path = root / name / f"{name}.json"
+    for folder, stem in REFERENCE_RUNS:
+        path = root / folder / f"{stem}.json"
         if path.is_file():
             found.append((path, results.load(path)))
     return found
@@ -40,6 +43,15 @@ def measured_at(doc: dict[str, Any]) -> tuple[str, str]:
     return sha, day
 
 
+def _noisy(row: dict[str, Any]) -> bool:
+    """Either side's latency has an IQR above ``paper.NOISY`` of its median (the report's † mark)."""
+    for mode in (paper.BASELINES[0], paper.TARGET):
+        med, iqr = row.get(f"{mode} ms"), row.get(f"{mode} iqr")
+        if med and iqr is not None and iqr > paper.NOISY * med:
+            return True
+    return False
+
+
 def _figure(row: dict[str, Any]) -> str:
     sp = row["vs compile"]
     speed = (
@@ -47,6 +59,8 @@ def _figure(row: dict[str, Any]) -> str:
         if not sp
         else (str(sp["status"]) if "status" in sp else f"{sp['x']:.2f}x ({sp['lo']:.2f}-{sp['hi']:.2f})")
     )
+    if sp and "status" not in sp and _noisy(row):
+        speed += " †"
     cs = row["compile_s"]
     comp = "-" if cs is None else f"{cs[0]:.1f} s -> {cs[1]:.1f} s ({row['compile_change_s']:+.1f} s)"
     mem = "-" if row["mem_change_pct"] is None else f"{row['mem_change_pct']:+.1f}%"
@@ -58,11 +72,16 @@ def render(refs: list[tuple[Path, dict[str, Any]]], base: Path | None = None) ->
     lines = ["## Beside the committed reference runs", ""]
     if not refs:
         return "\n".join(
-            [*lines, f"No reference runs found (looked for {', '.join(REFERENCE_RUNS)} under results/)."]
+            [
+                *lines,
+                f"No reference runs found (looked for {', '.join(f for f, _ in REFERENCE_RUNS)} under results/).",
+            ]
         )
     lines.append(
         "The same command at larger scales, read from the committed results files: compile+optimus "
-        "against compile (speedup with its 95% interval, compile time, peak memory)."
+        "against compile (speedup with its 95% interval, compile time, peak memory); † marks a "
+        f"speedup whose compile or compile+optimus steps spread (IQR) more than {paper.NOISY:.0%} of "
+        "their median: read it with the folder's README."
     )
     for path, doc in refs:
         sha, day = measured_at(doc)

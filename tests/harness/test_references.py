@@ -12,7 +12,9 @@ from harness import references, results
 from harness.spec import CellKey
 
 
-def _write_run(root: Path, name: str, sha: str, compile_s: tuple[float, float], when: float) -> None:
+def _write_run(
+    root: Path, folder: str, stem: str, sha: str, compile_s: tuple[float, float], when: float
+) -> None:
     cells = [
         synthetic.cell("dcn", "compile", "train", 10.0, seed=1, scale="large", compile_s=compile_s[0]),
         synthetic.cell("dcn", "compile+optimus", "train", 8.0, seed=2, scale="large", compile_s=compile_s[1]),
@@ -22,13 +24,15 @@ def _write_run(root: Path, name: str, sha: str, compile_s: tuple[float, float], 
     doc = synthetic.doc(cells)
     doc["env"]["git"]["sha"] = sha
     doc["config"]["scale"] = "large"
-    (root / name).mkdir(parents=True)
-    (root / name / f"{name}.json").write_text(json.dumps(doc))
+    (root / folder).mkdir(parents=True)
+    (root / folder / f"{stem}.json").write_text(json.dumps(doc))
 
 
 def test_section_shows_each_reference_run_with_its_commit_date_and_figures(tmp_path: Path) -> None:
     when = dt.datetime(2026, 3, 4, 12, tzinfo=dt.UTC).timestamp()
-    _write_run(tmp_path, "reproduce-large", "abcdef1" + "0" * 33, (500.0, 20.0), when)
+    _write_run(
+        tmp_path, "reproduce-large-limit", "reproduce-large", "abcdef1" + "0" * 33, (500.0, 20.0), when
+    )
     text = references.section(tmp_path)
     assert "scale large, commit abcdef1, measured 2026-03-04" in text
     assert "| dcn | large | train |" in text and "500.0 s -> 20.0 s (-480.0 s)" in text
@@ -41,7 +45,7 @@ def test_section_says_so_when_no_reference_run_is_committed(tmp_path: Path) -> N
 
 def test_the_committed_reference_runs_are_read_not_hard_coded() -> None:
     refs = references.load_references()
-    assert [p.parent.name for p, _ in refs] == list(references.REFERENCE_RUNS)
+    assert [(p.parent.name, p.stem) for p, _ in refs] == list(references.REFERENCE_RUNS)
     text = references.section()
     for _path, doc in refs:
         sha, day = references.measured_at(doc)
@@ -51,3 +55,15 @@ def test_the_committed_reference_runs_are_read_not_hard_coded() -> None:
     c = cells[CellKey("dcn", "large", "compile", "train")]["compile_s"]
     o = cells[CellKey("dcn", "large", "compile+optimus", "train")]["compile_s"]
     assert f"{c:.1f} s -> {o:.1f} s ({o - c:+.1f} s)" in text  # the compile time saved on dcn large train
+
+
+def test_a_noisy_reference_speedup_is_marked() -> None:
+    row = {
+        "model": "mmoe", "scale": "medium", "phase": "infer",
+        "vs compile": {"x": 0.73, "lo": 0.71, "hi": 0.87},
+        "compile ms": 48.7, "compile iqr": 2.0, "compile+optimus ms": 66.8, "compile+optimus iqr": 18.7,
+        "compile_s": None, "compile_change_s": None, "mem_change_pct": None,
+    }  # fmt: skip
+    assert "0.73x (0.71-0.87) † |" in references._figure(row)
+    row["compile+optimus iqr"] = 3.0
+    assert "†" not in references._figure(row)
