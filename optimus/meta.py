@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import fx
 
+_ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
+_EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 KEY = "optimus_meta"
 
 
@@ -168,6 +170,30 @@ def _fast_shape(node: fx.Node) -> Any:
     return None
 
 
+_AUTOCAST_FLAG = "_optimus_has_autocast"
+
+
+def in_autocast(node: fx.Node) -> bool:
+    """Whether ``node`` sits between an ``_enter_autocast`` and its ``_exit_autocast`` (an enabled
+    one) in node order. Rules never add autocast nodes, so whether a graph has any is read once."""
+    graph = node.graph
+    has = graph.__dict__.get(_AUTOCAST_FLAG)
+    if has is None:
+        has = any(n.op == "call_function" and n.target is _ENTER_AUTOCAST for n in graph.nodes)
+        graph.__dict__[_AUTOCAST_FLAG] = has
+    if not has:
+        return False
+    cur = node.prev
+    while cur.op != "root":
+        if cur.op == "call_function":
+            if cur.target is _EXIT_AUTOCAST:
+                return False
+            if cur.target is _ENTER_AUTOCAST:
+                return len(cur.args) < 3 or cur.args[2] is not False
+        cur = cur.prev
+    return False
+
+
 def propagate(node: fx.Node) -> Any:
     """Compute and store the meta of a node whose inputs all have meta. None if that fails."""
     devices: list[torch.device] = []
@@ -177,6 +203,12 @@ def propagate(node: fx.Node) -> Any:
         if isinstance(whole, tuple) and isinstance(index, int) and -len(whole) <= index < len(whole):
             node.meta[KEY] = whole[index]
             return whole[index]
+
+    if in_autocast(node):
+        # meta tensors carry no autocast dispatch: the dtype computed here would be the one without
+        # autocast (float32 for a baddbmm that autocast runs in bfloat16), so it stays unknown
+        node.meta[KEY] = None
+        return None
 
     fast = _fast_shape(node)
     if fast is not None:

@@ -37,9 +37,19 @@ class BatchLayerNorm(HorizontalRule):
         params = []
         for name in ("weight", "bias"):
             p = canon[name]
-            if p is not None and (not isinstance(p, fx.Node) or ctx.meta(p) is None):
+            p_meta = ctx.meta(p) if isinstance(p, fx.Node) else None
+            if p is not None and p_meta is None:
+                return None
+            if p_meta is not None and p_meta.dtype != x.dtype:
+                # LayerNorm's output keeps its input's dtype (bfloat16 under autocast, with float32
+                # weights); the batched affine step would promote it to the weights' dtype
+                ctx.decline("batch_layer_norm: input and affine parameters differ in dtype")
                 return None
             params.append(p is not None)
+        if any(params) and x.dtype not in (torch.float32, torch.float64):
+            # one fused LayerNorm rounds once; normalizing, then the affine step, rounds twice
+            ctx.decline("batch_layer_norm: affine LayerNorm in reduced precision (two roundings)")
+            return None
         return ("layer_norm", x.shape, x.dtype, x.device, tuple(shape), _hashable(canon["eps"]), *params)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:

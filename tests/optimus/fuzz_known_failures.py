@@ -63,6 +63,21 @@ KNOWN: dict[str, tuple[str, Spec]] = {
             train=False,
         ),
     ),
+    # found 2026-12-05 (fuzz seed 362): LayerNorms of bfloat16 linears under autocast keep bfloat16;
+    # the batched affine step promoted to the float32 weights (the batched linear's meta said float32)
+    "autocast_towers_layer_norm_dtype": (
+        "regions",
+        Spec(
+            (
+                Member("tower", "z", region="autocast", consumer="relu_", variant="neg", keep=True),
+                Member("tower", "x", region="autocast", variant="neg"),
+                Member("tower", "x", region="autocast", consumer="t_view", variant="neg"),
+            ),
+            batch=4,
+            width=6,
+            hidden=8,
+        ),
+    ),
     # 3. effects: BatchNorm, random ops (CSE / DCE)
     "bn_train_twice": ("effects", Spec((Member("bn_twice", "z"),))),
     "bn_train_unused": ("effects", Spec((Member("bn_unused", "z"),))),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from optimus_helpers import assert_parity, count_calls, optimize_traced, rule_keys
+from optimus_helpers import LAUNCH_BOUND, assert_parity, count_calls, optimize_traced, rule_keys
 from torch import nn
+
+import optimus
 
 RULES = ["batch_layer_norm"]
 
@@ -166,3 +168,46 @@ def test_pieces_in_another_order_are_stacked() -> None:
     (norm,) = [n for n in gm.graph.nodes if n.target is F.layer_norm]
     assert norm.args[0].target is torch.stack
     assert_parity(mod, gm, xs)
+
+
+class AutocastNorms(nn.Module):
+    """LayerNorms of bfloat16 linear outputs under CPU autocast, float32 affine parameters: eager
+    keeps each result bfloat16 (fuzz seed 362 found the batched form returning float32)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.linears = nn.ModuleList([nn.Linear(6, 8) for _ in range(n)])
+        self.norms = nn.ModuleList([nn.LayerNorm(8) for _ in range(n)])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return [norm(lin(x)) for lin, norm in zip(self.linears, self.norms, strict=True)]
+
+
+@pytest.mark.parametrize("rules", [RULES, None], ids=["layer_norm_only", "all_rules"])
+def test_mixed_dtype_layer_norms_keep_eager_dtype(rules: list[str] | None) -> None:
+    torch.manual_seed(0)
+    mod, x = AutocastNorms(6), torch.randn(4, 6)
+    gm = optimus.optimize(mod, (x,), rules=rules, cost_model=LAUNCH_BOUND)  # Dynamo: autocast regions
+    want, got = mod(x), gm(x)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16] * 6
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    assert "batch_layer_norm" not in gm.optimus_report.rules_fired
+    if rules == RULES:
+        assert gm.optimus_report.declined_reasons.get(
+            "batch_layer_norm: input and affine parameters differ in dtype"
+        )
+
+
+def test_affine_layer_norms_in_reduced_precision_are_declined() -> None:
+    torch.manual_seed(0)
+    mod = Norms(6, (8,)).to(torch.bfloat16)
+    xs = [torch.randn(6, 4, 8, dtype=torch.bfloat16)]
+    gm = optimize_traced(mod, xs, rules=RULES)
+    assert gm.optimus_report.rules_fired.get("batch_layer_norm", 0) == 0
+    assert gm.optimus_report.declined_reasons.get(
+        "batch_layer_norm: affine LayerNorm in reduced precision (two roundings)"
+    )
+    plain = Norms(6, (8,), affine=False).to(torch.bfloat16)  # no affine step: one rounding, batched
+    assert optimize_traced(plain, xs, rules=RULES).optimus_report.rules_fired == {"batch_layer_norm": 1}
