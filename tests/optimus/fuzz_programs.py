@@ -157,6 +157,7 @@ class Member:
     shared: str = ""  # the tensor a group member shares: EXPERTS key (gate_pool), SLICED key (slice_matmul)
     slot: int = 0  # slice_matmul: the slice e of P[e]
     writes: bool = False  # gate_pool: writes its experts tensor in place after its pooling
+    joined: bool = False  # feature_lookup: its result is also in the layer's concatenation (``lk``)
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,10 @@ def _feature_lookup_group(c: Choices) -> list[Member]:
             consumer=m.consumer if c.integer(0, 11) == 0 else "",
         )
         members.append(legalize(m))
+    # DeepCTR concatenates the layer's lookups (``torch.cat(sparse_embedding_list, dim=-1)``); the
+    # pieces are returned as well, so the cat of a batched lookup's pieces is seen beside them
+    if c.integer(0, 1):
+        members = [replace(m, joined=True) for m in members]
     return members
 
 
@@ -437,6 +442,8 @@ def features(spec: Spec) -> set[str]:
             out.add(f"{m.kind}:writes")
         if m.kind in LATE_GROUP_KINDS:
             out.add(f"{m.kind}:{m.variant}")
+        if m.joined:
+            out.add(f"{m.kind}:joined")
     for kind in GROUP_KINDS:
         group = [m for m in spec.members if m.kind == kind]
         if len({m.region for m in group}) > 1:
@@ -612,7 +619,7 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
     elif m.kind == "feature_lookup":
         col = m.slot % (4 * spec.width)
         lines += [f"c{i} = {CASTS[m.variant].format(c=f'{m.shared}[:, {col}:{col + 1}]')}"]
-        lines += [f"{o} = F.embedding(c{i}, self.f{i}).flatten(1)"]
+        lines += [f"e{i} = F.embedding(c{i}, self.f{i})", f"{o} = e{i}.flatten(1)"]
         if m.variant == "read":
             lines += [f"n{i} = c{i}.float().mean()"]
             outs += [f"n{i}"]
@@ -690,6 +697,10 @@ def forward_source(spec: Spec) -> str:
         body.insert(0, f"{name} = {IDS[name]}")
     if not outs or any(m.src == "h" for m in members):
         body.insert(0, "h = x * 1.5")
+    joined = [f"e{j}" for j, m in enumerate(members) if m.joined and not m.consumer]
+    if len(joined) > 1:  # DeepCTR: torch.cat(sparse_embedding_list, dim=-1), then flattened
+        body.append(f"lk = torch.flatten(torch.cat([{', '.join(joined)}], -1), 1)")
+        outs.append("lk")
     outs = outs or ["h"]  # every program returns something
     body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return "\n".join(body)

@@ -92,6 +92,7 @@ def test_fixed_seeds_cover_every_construct() -> None:
     # DeepCTR's input layer and PNN's pairwise products, each spelling and must-not-fire variant
     wanted |= {f"kind:{k}" for k in LATE_GROUP_KINDS} | {f"feature_lookup:{c}" for c in CASTS}
     wanted |= {"feature_lookup:gap", "feature_lookup:reversed", "feature_lookup:two_sources"}
+    wanted |= {"feature_lookup:joined"}
     wanted |= {f"pairwise:{p}" for p in PAIR_SOURCES}
     assert wanted <= seen, sorted(wanted - seen)
 
