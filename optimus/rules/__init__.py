@@ -56,8 +56,8 @@ REGISTRY: dict[str, type] = {
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
     "batch_gate_pool": BatchGatePool,  # T gate poolings of one experts tensor: one bmm (before vector_matmul)
-    "vector_matmul": VectorMatmul,
-    "batch_slice_matmul": BatchSliceMatmul,  # matmuls with slices P[e] of one tensor: one bmm over P  # bmm with one row (MMoE's gate pooling), in training on CPU
+    "vector_matmul": VectorMatmul,  # bmm with one row (MMoE's gate pooling), in training on CPU
+    "batch_slice_matmul": BatchSliceMatmul,  # matmuls with slices P[e] of one tensor: one bmm over P
     # split/cat family (normalize_split_cat is a cleanup: it runs at the start of every round)
     "normalize_split_cat": NormalizeSplitCat,
     "split_cat": SplitCat,

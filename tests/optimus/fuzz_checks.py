@@ -335,7 +335,20 @@ class Result:
 
 
 def low_precision(spec: Spec, dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and any(m.region == "autocast" for m in spec.members)
+    return dtype == torch.float32 and has_autocast(spec)
+
+
+def has_autocast(spec: Spec) -> bool:
+    return any(m.region == "autocast" for m in spec.members)
+
+
+def half_dtype(spec: Spec, float16: bool) -> torch.dtype:
+    """The dtype of a half-precision example: models converted with ``.to(float16)`` or
+    ``.to(bfloat16)``, as users run them for inference and memory. Programs PyTorch cannot run
+    in float16 on CPU are bfloat16: inside ``autocast(bfloat16)`` (eager raises in
+    ``autocast::prioritize``) or with ``rrelu`` (no CPU Half kernel)."""
+    runnable = not has_autocast(spec) and "random:rrelu" not in features(spec)
+    return torch.float16 if float16 and runnable else torch.bfloat16
 
 
 def reference(spec: Spec, dtype: torch.dtype, seed: int = 0) -> Observation:

@@ -5,7 +5,8 @@
 
 Example ``k`` is the program ``fuzz_programs.random_spec(k)`` (a seeded ``random.Random``, so the
 same k is the same program on every machine and with any hypothesis version); every 4th one runs
-in float64 (tight tolerances), the rest in float32. The last lines are the summary
+in float64 (tight tolerances), the rest in float32; ``--dtype half`` runs bfloat16 and float16
+models (``module.to(dtype)``) by turns. The last lines are the summary
 ``fuzz: N examples, F failures`` and, for each distinct failure (the check that failed, the
 constructs of the shrunk program, and who is responsible: see ``fuzz_checks.blame``), its count
 and its minimal program. Exit status 1 when any example failed.
@@ -24,14 +25,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, shrink
-from fuzz_programs import forward_source, random_spec
+from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, half_dtype, shrink
+from fuzz_programs import Spec, forward_source, random_spec
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
-def dtype_of(k: int, mode: str) -> torch.dtype:
+def dtype_of(k: int, mode: str, spec: Spec) -> torch.dtype:
+    """``mixed``: every 4th example float64, the rest float32; ``half``: float16 and bfloat16
+    models by turns (``fuzz_checks.half_dtype``); otherwise the one dtype named."""
     if mode == "mixed":
         return torch.float64 if k % 4 == 3 else torch.float32
-    return {"float32": torch.float32, "float64": torch.float64}[mode]
+    if mode == "half":
+        return half_dtype(spec, float16=k % 2 == 1)
+    return DTYPES[mode]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=int(os.environ.get("OPTIMUS_FUZZ_EXAMPLES", "100")))
     parser.add_argument("--start", type=int, default=0, help="first example seed")
     parser.add_argument("--paths", default=",".join(FAST_PATHS), help=f"comma list of {sorted(PATHS)}")
-    parser.add_argument("--dtype", default="mixed", choices=["mixed", "float32", "float64"])
+    parser.add_argument("--dtype", default="mixed", choices=["mixed", "half", *DTYPES])
     parser.add_argument("--shrink", type=int, default=2, help="failures shrunk per check; 0: none")
     parser.add_argument("--show", type=int, default=40, help="distinct failures printed")
     args = parser.parse_args(argv)
@@ -58,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     invalid: list[str] = []  # "seed/path: eager's error", printed so the generator bug can be found
     start = time.perf_counter()
     for k in range(args.start, args.start + args.examples):
-        spec, dtype = random_spec(k), dtype_of(k, args.dtype)
+        spec = random_spec(k)
+        dtype = dtype_of(k, args.dtype, spec)
         results = check(spec, paths, dtype)
         bad = False
         for path, result in results.items():

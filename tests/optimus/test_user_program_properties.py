@@ -18,7 +18,17 @@ import os
 
 import pytest
 import torch
-from fuzz_checks import FAST_PATHS, PATHS, Observation, check, compare, observe, reference, run_path
+from fuzz_checks import (
+    FAST_PATHS,
+    PATHS,
+    Observation,
+    check,
+    compare,
+    half_dtype,
+    observe,
+    reference,
+    run_path,
+)
 from fuzz_choices import DrawChoices
 from fuzz_known_failures import KNOWN
 from fuzz_programs import (
@@ -220,6 +230,19 @@ def test_user_programs_keep_everything_the_caller_sees(spec: Spec) -> None:
 def test_user_programs_float64_exact(spec: Spec) -> None:
     """float64 with tight tolerances (1e-9): a rounding difference cannot hide a real change."""
     assert _failures(spec, ("optimize", "backend"), torch.float64) == []
+
+
+@settings(
+    max_examples=max(EXAMPLES // 2, 5),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(specs(), st.booleans())
+def test_user_programs_half_precision(spec: Spec, float16: bool) -> None:
+    """Models converted with ``.to(bfloat16)`` / ``.to(float16)``: dtypes, strides and aliasing
+    exactly, values within half-precision rounding (a rule that computes in another dtype, or
+    rounds an intermediate twice, shows here)."""
+    assert _failures(spec, FAST_PATHS, half_dtype(spec, float16)) == []
 
 
 @pytest.mark.slow
