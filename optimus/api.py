@@ -146,11 +146,17 @@ def optimize(
     return gm
 
 
-def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> fx.GraphModule:
-    """Another graph of ``module`` for a call the first one was not specialized to."""
+def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> Any:
+    """Another graph of ``module`` for a call the first one was not specialized to; the module
+    itself (run eagerly) when it no longer exports. Why not the Dynamo path there: it compiles by
+    running ``forward`` once, so a side effect (a hook added since, ``self.log.append``) would
+    happen twice in the call that triggered the re-capture."""
     start = time.perf_counter()
     with torch.inference_mode(False), torch.enable_grad():  # as optimize() itself would run
-        gm, report = capture_and_optimize(module, args, cfg)
+        gm, report = capture_and_optimize(module, args, cfg, fallback=False)
+    if gm is None:
+        log.info("optimus: the re-capture did not export; this call runs the original module eagerly")
+        return module
     report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]
     return gm
@@ -212,7 +218,7 @@ def capture_and_optimize(
             gm = capture.export(module, clones)
         except Exception as exc:
             if not fallback:
-                log.info("optimus: export around the sparse lookup failed (%s: %s)", type(exc).__name__, exc)
+                log.info("optimus: whole-graph export failed (%s: %s)", type(exc).__name__, exc)
                 return None, OptimusReport()
             log.info(
                 "optimus: whole-graph export failed (%s: %s); optimizing Dynamo subgraphs",

@@ -1,13 +1,16 @@
 """The GraphModule ``optimize()`` returns on the export path: it checks, per call, that the graph
-it runs was captured for this call's inputs and for the model's current train/eval mode.
+it runs was captured for this call's inputs, for the model's current train/eval mode, and for
+the model's current parameters, buffers, submodules and hooks (:mod:`optimus.structure_watch`).
 
 WHY: an exported graph is specialized (see :mod:`optimus.call_signature`): a call with another
 batch size, another Python scalar, or after ``model.eval()`` must not reuse it silently. On a
 call that does not match, the module re-captures and re-optimizes the *original* module for
 the new inputs and mode (as torch.compile recompiles), keeps that graph for the next such call,
-and logs why (logger ``optimus``). At most :data:`MAX_SPECIALIZATIONS` graphs are kept; past
+and logs why (logger ``optimus``). At most :data:`MAX_SPECIALIZATIONS` graphs are made (the first included); past
 that, calls that match none of them run the original module eagerly (always correct, never
-silently wrong), with a warning once.
+silently wrong), with a warning once. After the model itself changed, every kept graph is
+dropped and the next call re-captures. A re-capture that no longer exports runs the original
+module eagerly (it never runs ``forward`` for real, so a side effect is not doubled).
 
 ``gm.train(mode)`` / ``gm.eval()`` also set the original module's mode: the mode that selects
 the graph is the original module's (``gm`` shares its parameters and submodules' state).
@@ -26,13 +29,17 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from . import relayout_contract
+from . import relayout_contract, structure_watch
 from .call_signature import InputSignature, forward_names, mode_sensitive_modules, modes
 
 log = logging.getLogger("optimus")
 
 GUARD = "_optimus_guard"
-MAX_SPECIALIZATIONS = 8  # graphs kept per optimize() call, the first included (torch.compile: 8)
+MAX_SPECIALIZATIONS = 8  # graphs made per optimize() call, the first included (torch.compile: 8)
+CHANGED = (
+    "the model's parameters, buffers or submodules were replaced since capture (a new object "
+    "assigned, load_state_dict(assign=True), a module added or deleted)"
+)
 
 Recapture = Callable[[nn.Module, tuple[Any, ...]], Callable[..., Any]]
 
@@ -48,28 +55,45 @@ class CallGuard:
         self.signature = InputSignature(inputs, self.names)
         self.recapture = recapture
         self.variants: dict[Any, Callable[..., Any]] = {}
-        # (modes, signature, graph) per variant, for the per-call check of a known variant
-        self.known: list[tuple[tuple[bool, ...], InputSignature, Callable[..., Any]]] = []
+        # (modes, signature, graph, writes) per variant, for the per-call check of a known variant
+        self.known: list[tuple[tuple[bool, ...], InputSignature, Callable[..., Any], int]] = []
         self.reasons: list[str] = []
         self.warned = False
         self.forward_signature: inspect.Signature | None = None  # made at the first keyword call
+        # parameters, buffers and submodules replaced since capture (optimus.structure_watch):
+        # ``at`` is the count the first graph was captured at (-1 once a change made it stale),
+        # ``epoch`` the count the kept variants were captured at
+        self.writes = structure_watch.watch(source)
+        self.at = self.epoch = self.writes.count
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("known", [])  # a guard pickled before ``known`` existed: slow path only
+        # a guard pickled before ``known`` held four fields: slow path only
+        state["known"] = [k for k in state.get("known", []) if len(k) == 4]
         self.__dict__.update(state)
+        if "writes" not in state or not isinstance(
+            getattr(self.source, "_parameters", None), structure_watch.WatchedDict
+        ):  # unpickled: the model's dicts are plain again (structure_watch pickles them so)
+            self.writes = structure_watch.watch(self.source)
+            self.at = self.epoch = self.writes.count
 
     def matches(self, args: tuple[Any, ...]) -> bool:
-        return self.modes == modes(self.sensitive) and self.signature.matches(args)
+        writes = self.writes
+        return (
+            writes.count == self.at
+            and (not writes.pinned or writes.same_hooks())
+            and self.modes == modes(self.sensitive)
+            and self.signature.matches(args)
+        )
 
     def variant_for(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
         """The graph already optimized for this call's inputs and modes, by the same cheap check
         as :meth:`matches` (None if there is none). Why: a model called with two batch sizes
         (the last, smaller batch of an epoch) would otherwise pay the slow path's signature
         build and dispatch at every such call; it doubled the headroom benchmark's step."""
-        if not self.known:
+        if not self.known or self.writes.count != self.epoch or not self.writes.same_hooks():
             return None
         now = modes(self.sensitive)
-        for key_modes, signature, graph in self.known:
+        for key_modes, signature, graph, _ in self.known:
             if key_modes == now and signature.matches(args):
                 return graph
         return None
@@ -86,15 +110,20 @@ class CallGuard:
 
     def dispatch(self, own: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """The slow path: another graph for this call (made now if new), or the eager module."""
+        changed = self.writes.count != self.epoch or not self.writes.same_hooks()
+        if changed:  # every graph kept reads objects the model no longer holds
+            self.at = -1
+            self.variants.clear()
+            self.known.clear()
         now = modes(self.sensitive)
         signature = InputSignature(args, self.names)
         key = (now, signature.key)
-        if key == (self.modes, self.signature.key):
+        if self.at == self.writes.count and key == (self.modes, self.signature.key):
             return own(*args)
         graph = self.variants.get(key)
         if graph is None:
-            reason = self.why(now, signature)
-            if len(self.variants) + 1 >= MAX_SPECIALIZATIONS:
+            reason = CHANGED if changed else self.why(now, signature)
+            if len(self.reasons) + 1 >= MAX_SPECIALIZATIONS:
                 if not self.warned:
                     self.warned = True
                     warnings.warn(
@@ -105,9 +134,12 @@ class CallGuard:
                     )
                 return self.source(*args)
             log.info("optimus: %s; re-optimizing the original module for this call", reason)
+            structure_watch.watch(self.source, self.writes)  # submodules added since: watched too
             graph = self.recapture(self.source, args)
+            # the capture itself may write the dicts (it restores what forward assigned)
+            self.epoch = self.writes.count
             self.variants[key] = graph
-            self.known.append((now, signature, graph))
+            self.known.append((now, signature, graph, self.epoch))
             self.reasons.append(reason)
         return graph(*args)
 
@@ -128,8 +160,9 @@ _dispatch = torch.compiler.disable(
     CallGuard.dispatch,
     reason=(
         "optimus: this optimized module was called with inputs or a train/eval mode its graph was "
-        "not captured for, and re-optimizes outside torch.compile; call optimus.optimize again "
-        "for them, or compile without fullgraph=True"
+        "not captured for, or after the model's parameters or submodules were replaced, and "
+        "re-optimizes outside torch.compile; call optimus.optimize again for them, or compile "
+        "without fullgraph=True"
     ),
 )
 
