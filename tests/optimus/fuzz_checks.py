@@ -290,6 +290,26 @@ def _backend_path(inner: Any = _eager_inner) -> Callable[..., Any]:
     return prepare
 
 
+def _changed_path(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
+    """``optimize`` (re-layout, launch-bound), one call, then every parameter of the model replaced
+    by a new ``nn.Parameter`` object with the same values (what ``load_state_dict(assign=True)``
+    does): the optimized module must now compute with, and send gradients to, the new objects
+    (``optimus.structure_watch``). The first call's effects (RNG, BatchNorm statistics, inputs)
+    are undone, so the check sees what the next call does."""
+    gm, report = PATHS["relayout"](module, example, rules)
+    state, rng = _state(module, example), torch.get_rng_state()
+    gm(*(t.detach().clone().requires_grad_(t.requires_grad) for t in example))
+    torch.set_rng_state(rng)
+    _restore(module, state)
+    fresh: dict[int, nn.Parameter] = {}
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                new = fresh.setdefault(id(p), nn.Parameter(p.detach().clone(), p.requires_grad))
+                setattr(sub, name, new)
+    return gm, report
+
+
 def _dynamo_only(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
     """Dynamo with the plain eager backend: tells Dynamo's own differences from Optimus's."""
     torch._dynamo.reset()
@@ -321,6 +341,7 @@ PATHS: dict[str, Callable[..., Any]] = {
     ),
     "inductor": _inductor,
     "dynamo": _dynamo_only,
+    "changed": _changed_path,
 }
 FAST_PATHS = ("default", "optimize", "relayout", "backend")
 
