@@ -71,12 +71,15 @@ class Boundary:
 
     @contextlib.contextmanager
     def stubbed(self, stub: PooledStub) -> Iterator[None]:
-        """The collection swapped for ``stub`` inside the block (put back however it ends)."""
+        """The collection swapped for ``stub`` inside the block; what was there is put back
+        however it ends (the module the user holds now, which after a replacement is not the
+        collection ``optimize`` found: a re-capture must never undo the user's change)."""
+        found = getattr(self.parent, self.attr)
         setattr(self.parent, self.attr, stub)
         try:
             yield
         finally:
-            setattr(self.parent, self.attr, self.ebc)
+            setattr(self.parent, self.attr, found)
 
 
 class DenseOf(nn.Module):

@@ -167,3 +167,17 @@ def test_not_used_where_the_form_is_not_the_unambiguous_one(cls: type[nn.Module]
     assert "run eagerly outside it" not in gm.optimus_report.capture_reason
     assert not hasattr(gm, "dense")
     _assert_same_step(ref, mod, gm, torch.randn(4, 3), kjt(1))
+
+
+def test_a_re_capture_never_puts_the_old_collection_back() -> None:
+    """The user replaces the collection after ``optimize``; a re-capture (here for eval mode)
+    swaps the stub in and must put back the user's collection, not the one it found first."""
+    torch.manual_seed(3)
+    mod = Towers()
+    gm = _optimize(mod, torch.randn(4, 3), kjt(0))
+    mine = _ebc()
+    mod.sparse.ebc = mine
+    gm.eval()
+    with torch.no_grad():
+        gm(torch.ones(4, 3), kjt(4))
+    assert mod.sparse.ebc is mine
