@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.utils.parametrizations
+import torch.nn.utils.parametrize
 import torch.nn.utils.prune
 from caller_world_models import CONFIGS, ScaledTowers, backward_grads
 from torch import nn
@@ -76,6 +78,19 @@ def _prune(model: Headed) -> None:
     torch.nn.utils.prune.l1_unstructured(model.head, "weight", amount=0.5)
 
 
+def _weight_norm(model: Headed) -> None:
+    torch.nn.utils.parametrizations.weight_norm(model.linears[1])
+
+
+class _Scale(nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * 3.0
+
+
+def _parametrize(model: Headed) -> None:
+    torch.nn.utils.parametrize.register_parametrization(model.head, "weight", _Scale())
+
+
 CHANGES: dict[str, Callable[[Headed], None]] = {
     "parameter replaced": _new_params,
     "head module replaced": _new_head,
@@ -85,6 +100,8 @@ CHANGES: dict[str, Callable[[Headed], None]] = {
     "forward hook added": _forward_hook,
     "forward pre-hook added": _pre_hook,
     "torch.nn.utils.prune": _prune,
+    "parametrizations.weight_norm": _weight_norm,
+    "parametrize.register_parametrization": _parametrize,
 }
 
 
