@@ -32,6 +32,7 @@ re-laid out (each chain tried with the probe layout, then applied again; ``--pat
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -291,16 +292,20 @@ def _backend_path(inner: Any = _eager_inner) -> Callable[..., Any]:
 
 
 def _changed_path(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
-    """``optimize`` (re-layout, launch-bound), one call, then every parameter of the model replaced
-    by a new ``nn.Parameter`` object with the same values (what ``load_state_dict(assign=True)``
-    does): the optimized module must now compute with, and send gradients to, the new objects
-    (``optimus.structure_watch``). The first call's effects (RNG, BatchNorm statistics, inputs)
+    """``optimize`` (re-layout, launch-bound), one call, then every ``nn.Linear`` replaced by a copy
+    and every parameter of the model by a new ``nn.Parameter`` object with the same values (what
+    a swapped head and ``load_state_dict(assign=True)`` do): the optimized module must now compute
+    with, and send gradients to, the new objects (``optimus.structure_watch``). The first call's effects (RNG, BatchNorm statistics, inputs)
     are undone, so the check sees what the next call does."""
     gm, report = PATHS["relayout"](module, example, rules)
     state, rng = _state(module, example), torch.get_rng_state()
     gm(*(t.detach().clone().requires_grad_(t.requires_grad) for t in example))
     torch.set_rng_state(rng)
     _restore(module, state)
+    for parent in list(module.modules()):  # every Linear a new module object (a swapped head)
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, copy.deepcopy(child))
     fresh: dict[int, nn.Parameter] = {}
     for sub in module.modules():
         for name, p in list(sub._parameters.items()):
