@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from . import caller_state, capture, driver, dynamo_watch, sparse_boundary
+from . import caller_state, capture, checkpoint_rng, driver, dynamo_watch, sparse_boundary
 from .builder import CONSTANT_PREFIX
 from .call_signature import forward_names
 from .codegen_flat import use_flat_codegen
@@ -116,6 +116,7 @@ def optimize(
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         with caller_state.preserved(module) as state:
             gm = capture.copy_graph_module(module)
+            checkpoint_rng.keep_rng(gm)
             if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
                 try:
                     record(gm, inputs)
@@ -226,6 +227,7 @@ def capture_and_optimize(
                 str(exc).splitlines()[0] if str(exc) else "",
             )
             return _optimize_subgraphs(module, inputs, cfg, exc, state)
+        checkpoint_rng.keep_rng(gm)  # the graph runs eagerly: checkpointing as eager does it
         use_flat_codegen(gm)  # skip pytree (un)flattening per call where the specs are flat
         flat_inputs = list(torch.utils._pytree.tree_flatten(clones)[0])
         setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
@@ -259,6 +261,7 @@ def _optimize_subgraphs(
     compiled_before_return = [True]
 
     def backend(sub: fx.GraphModule, example: list[Any]) -> Any:
+        checkpoint_rng.keep_rng(sub)  # run eagerly below: checkpointing as eager does it
         with caller_state.preserved(None):  # verify seeds the RNG
             one = optimize_graph_module(sub, cfg, example if cfg.verify else None)
         one.graphs = 1
