@@ -6,9 +6,9 @@ WHY: an exported graph is specialized (see :mod:`optimus.call_signature`): a cal
 batch size, another Python scalar, or after ``model.eval()`` must not reuse it silently. On a
 call that does not match, the module re-captures and re-optimizes the *original* module for
 the new inputs and mode (as torch.compile recompiles), keeps that graph for the next such call,
-and logs why (logger ``optimus``). At most :data:`MAX_SPECIALIZATIONS` graphs are made (the first included); past
-that, calls that match none of them run the original module eagerly (always correct, never
-silently wrong), with a warning once. After the model itself changed, every kept graph is
+and logs why (logger ``optimus``). At most :data:`MAX_SPECIALIZATIONS` graphs are made (the
+first included); past that, calls that match none of them run the original module eagerly
+(always correct, never silently wrong), with a warning once. After the model itself changed, every kept graph is
 dropped and the next call re-captures. A re-capture that no longer exports runs the original
 module eagerly (it never runs ``forward`` for real, so a side effect is not doubled).
 
@@ -77,10 +77,8 @@ class CallGuard:
             self.at = self.epoch = self.writes.count
 
     def matches(self, args: tuple[Any, ...]) -> bool:
-        writes = self.writes
         return (
-            writes.count == self.at
-            and (not writes.pinned or writes.same_hooks())
+            self.writes.same_since(self.at)
             and self.modes == modes(self.sensitive)
             and self.signature.matches(args)
         )
@@ -90,7 +88,7 @@ class CallGuard:
         as :meth:`matches` (None if there is none). Why: a model called with two batch sizes
         (the last, smaller batch of an epoch) would otherwise pay the slow path's signature
         build and dispatch at every such call; it doubled the headroom benchmark's step."""
-        if not self.known or self.writes.count != self.epoch or not self.writes.same_hooks():
+        if not self.known or not self.writes.same_since(self.epoch):
             return None
         now = modes(self.sensitive)
         for key_modes, signature, graph, _ in self.known:
@@ -110,7 +108,7 @@ class CallGuard:
 
     def dispatch(self, own: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """The slow path: another graph for this call (made now if new), or the eager module."""
-        changed = self.writes.count != self.epoch or not self.writes.same_hooks()
+        changed = not self.writes.same_since(self.epoch)
         if changed:  # every graph kept reads objects the model no longer holds
             self.at = -1
             self.variants.clear()

@@ -9,8 +9,8 @@ them); the captured graph would go on reading the old ones, silently. Comparing 
 parameter's identity on every call costs O(parameters): milliseconds at scale large. Instead,
 once, each module's ``_parameters``, ``_buffers`` and ``_modules`` dict is swapped for a
 :class:`WatchedDict` with the same entries (its hook dicts for a :class:`WatchedOrderedDict`),
-which counts every write into the :class:`Writes` counters watching it; a call compares one count with the count its graph was captured at
-(:class:`optimus.specialized.CallGuard`).
+which counts every write into the :class:`Writes` counters watching it; a call compares one
+count with the count its graph was captured at (:class:`optimus.specialized.CallGuard`).
 
 The modules' hook dicts (``register_forward_hook``, ``register_forward_pre_hook``,
 ``register_full_backward_hook``, ...; :data:`HOOK_NAMES`) are watched too: a hook added or
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
@@ -65,6 +64,10 @@ class Writes:
     def same_hooks(self) -> bool:
         """The pinned hook dicts hold the hooks they held when pinned (in order)."""
         return all(tuple(d) == keys for d, keys in self.pinned)
+
+    def same_since(self, count: int) -> bool:
+        """Nothing written since the count was ``count``, and the pinned hooks as pinned."""
+        return self.count == count and (not self.pinned or self.same_hooks())
 
 
 _MISSING = object()
@@ -161,7 +164,7 @@ def watch(root: nn.Module, writes: Writes | None = None) -> Writes:
     so calling it again after a change watches only the modules added since."""
     writes = Writes() if writes is None else writes
     writes.pinned = []
-    for module in _modules(root):
+    for module in root.modules():
         state = module.__dict__
         for name in (*DICT_NAMES, *HOOK_NAMES):
             d = state.get(name)
@@ -178,18 +181,6 @@ def watch(root: nn.Module, writes: Writes | None = None) -> Writes:
             if not any(w is writes for w in d.watchers):
                 d.watchers.append(writes)
     return writes
-
-
-def _modules(root: nn.Module) -> Iterable[nn.Module]:
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        m = stack.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        yield m
-        stack.extend(c for c in m.__dict__.get("_modules", {}).values() if isinstance(c, nn.Module))
 
 
 __all__ = ["DICT_NAMES", "HOOK_NAMES", "WatchedDict", "WatchedOrderedDict", "Writes", "watch"]
