@@ -19,6 +19,7 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from . import checkpoint_rng
 from .config import OptimusConfig
 from .cost import for_inductor
 from .report import OptimusReport
@@ -41,11 +42,18 @@ def _remember(own: list[OptimusReport], report: OptimusReport) -> None:
 class OptimusBackend:
     """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
 
+    ``inner="eager"`` runs each optimized graph as it is, with activation checkpointing as eager
+    PyTorch does it (:mod:`optimus.checkpoint_rng`; Dynamo's own ``backend="eager"`` recomputes a
+    checkpointed block with new random numbers). Any other ``inner`` gets the graph with Dynamo's
+    checkpoint op untouched, as Inductor and AOT autograd expect it.
+
     ``reports`` holds the report of every graph this backend optimized, in order (filled when
     torch.compile compiles, i.e. at the first call), so a caller reads what its own compile did.
     """
 
     def __init__(self, config: OptimusConfig | None = None, inner: Any = None) -> None:
+        if isinstance(inner, str) and inner != "eager":
+            raise ValueError(f'inner must be a compiler callable, None (Inductor) or "eager", got {inner!r}')
         cfg = config or OptimusConfig()
         if inner is None:  # Inductor compiles the result: price for it (optimus.cost.for_inductor)
             cfg = cfg.with_(cost_model=for_inductor(cfg.cost_model))
@@ -64,6 +72,9 @@ class OptimusBackend:
         report.graphs = 1
         gm.optimus_report = report  # type: ignore[assignment]
         _remember(self.reports, report)
+        if self.inner == "eager":
+            checkpoint_rng.keep_rng(gm)
+            return gm.forward
         if self.inner is not None:
             return self.inner(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx
@@ -74,7 +85,8 @@ class OptimusBackend:
 def backend(config: OptimusConfig | None = None, inner: Any = None) -> OptimusBackend:
     """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
 
-    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``).
+    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``);
+    ``inner="eager"`` runs the optimized graphs without a compiler (see :class:`OptimusBackend`).
     Its ``reports`` list what it optimized.
     """
     return OptimusBackend(config, inner)
