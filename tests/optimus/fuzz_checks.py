@@ -18,8 +18,9 @@ WHAT is compared (eager vs optimized, on identical copies of module, inputs and 
 
 PATHS (see :data:`PATHS`): ``optimize`` with the default config (``default``), with a launch-bound
 cost model so every rule that can fire does (``optimize``), the same with
-``layout=RelayoutParams()`` (``relayout``), and ``torch.compile(backend=optimus.backend(inner=eager))``
-(``backend``). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
+``layout=RelayoutParams()`` (``relayout``), and ``torch.compile(backend=optimus.backend(inner="eager"))``
+(``backend``; "eager" also runs checkpointed blocks as eager does, which Dynamo's own eager
+backend does not: see ``optimus.checkpoint_rng``). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
 get and runs the rewritten graph as it is, so a difference is Optimus's rewrite and not Inductor's
 codegen, and an example costs tens of milliseconds instead of an Inductor C++ compile (seconds).
 ``inductor`` (the real ``backend="optimus"`` with Inductor, ``fallback_random`` so random draws
@@ -246,10 +247,6 @@ def compare(ref: Observation, new: Observation, path: str, low_precision: bool) 
 # paths
 
 
-def _eager_inner(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-    return gm.forward
-
-
 def _state(module: nn.Module, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     state = {f"in{k}": t.detach().clone() for k, t in enumerate(inputs)}
     state |= {f"param:{n}": p.detach().clone() for n, p in module.named_parameters()}
@@ -276,7 +273,7 @@ def _optimize_path(config: Callable[[], optimus.OptimusConfig]) -> Callable[...,
     return prepare
 
 
-def _backend_path(inner: Any = _eager_inner) -> Callable[..., Any]:
+def _backend_path(inner: Any = "eager") -> Callable[..., Any]:
     def prepare(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
         from optimus.backend import LAST_REPORTS
 

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from fuzz_choices import Choices, RandomChoices
 from torch import nn
 
@@ -65,6 +66,24 @@ LATE_GROUP_KINDS = (
     "feature_lookup",  # F.embedding(ids[:, c:c+1].long(), table_c) per sparse column (stack_cast_pieces, batch_embedding)
     "pairwise",  # cat([e[a] for a in ROW]) * cat([e[b] for b in COL]) over unbind pieces (cat_gather)
 )
+# Group kinds drawn after all of the above (a draw of their own, so every earlier seed's program
+# stays what it was): towers run under activation checkpointing, as users save memory.
+CHECKPOINT_KINDS = ("checkpointed",)  # torch.utils.checkpoint.checkpoint(self.ck_i, s, ...) per tower
+# What a checkpointed tower computes (``variant``): Linear, the middle op, Linear. "dropout" draws
+# random numbers the backward's recomputation must draw again, identically (preserve_rng_state).
+CHECKPOINT_MIDDLE = {
+    "tanh": "nn.Tanh()",
+    "dropout": "nn.Dropout(0.5)",
+    "relu_dropout": "nn.ReLU(), nn.Dropout(0.3)",
+}
+# How a tower is checkpointed (``shared``): the non-reentrant default, the reentrant form, and the
+# non-reentrant one without preserving the RNG state (eager's recomputation then draws new numbers:
+# the gradients are eager's own, whatever they are, and must be the same here).
+CHECKPOINT_CALLS = {
+    "nonreentrant": "use_reentrant=False",
+    "reentrant": "use_reentrant=True",
+    "no_rng": "use_reentrant=False, preserve_rng_state=False",
+}
 # Group kinds whose members in one region always share one ``with`` block (a layer is written
 # inside one block; separate blocks are separate regions, which nothing batches across).
 ONE_BLOCK_KINDS = (*GROUP_KINDS, "feature_lookup")
@@ -362,6 +381,28 @@ def _pairwise_group(c: Choices) -> list[Member]:
 LATE_GROUPS = {"feature_lookup": _feature_lookup_group, "pairwise": _pairwise_group}
 
 
+def _checkpointed_group(c: Choices) -> list[Member]:
+    """2..4 parallel towers, each run under ``torch.utils.checkpoint.checkpoint``: mostly one form
+    and one middle op per group (what a user writes for a stack of towers), sometimes a tower
+    checkpointed otherwise; a consumer (an in-place one included: the tower ends in a Linear, whose
+    backward does not read its output) on one in four."""
+    call, middle = c.choice(tuple(CHECKPOINT_CALLS)), c.choice(tuple(CHECKPOINT_MIDDLE))
+    block = _weighted(c, REGIONS, 3) if c.integer(0, 1) else None
+    src = c.choice(SOURCES)
+    members = []
+    for _ in range(c.integer(2, 4)):
+        m = _member(c, "checkpointed", src if c.integer(0, 3) else c.choice(SOURCES))
+        m = replace(
+            m,
+            variant=middle if c.integer(0, 5) else c.choice(tuple(CHECKPOINT_MIDDLE)),
+            shared=call if c.integer(0, 5) else c.choice(tuple(CHECKPOINT_CALLS)),
+            region=m.region if block is None else block,
+            consumer=m.consumer if c.integer(0, 3) == 0 else "",
+        )
+        members.append(legalize(m))
+    return members
+
+
 # Group generators of GROUP_KINDS (kind k is drawn when bit k of the last draw of :func:`generate` is set).
 GROUPS = {"gate_pool": _gate_pool_group, "slice_matmul": _slice_matmul_group}
 
@@ -413,6 +454,11 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         members = [*spec.members, *more]
         members.sort(key=lambda m: (not mutates_source(m), not m.writes))
         spec = replace(spec, members=tuple(members))
+    # Drawn after everything above: a group of checkpointed towers in one program in three.
+    if c.integer(0, 2) == 0:
+        members = [*spec.members, *_checkpointed_group(c)]
+        members.sort(key=lambda m: (not mutates_source(m), not m.writes))
+        spec = replace(spec, members=tuple(members))
     return spec
 
 
@@ -440,8 +486,10 @@ def features(spec: Spec) -> set[str]:
             out |= {f"{m.kind}:{m.variant}", f"{m.kind}:{m.shared}"}
         if m.writes:
             out.add(f"{m.kind}:writes")
-        if m.kind in LATE_GROUP_KINDS:
+        if m.kind in (*LATE_GROUP_KINDS, *CHECKPOINT_KINDS):
             out.add(f"{m.kind}:{m.variant}")
+        if m.kind in CHECKPOINT_KINDS:
+            out.add(f"{m.kind}:{m.shared}")
         if m.joined:
             out.add(f"{m.kind}:joined")
     for kind in GROUP_KINDS:
@@ -623,6 +671,9 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
         if m.variant == "read":
             lines += [f"n{i} = c{i}.float().mean()"]
             outs += [f"n{i}"]
+    elif m.kind == "checkpointed":
+        call = CHECKPOINT_CALLS[m.shared]
+        lines += [f"{o} = torch.utils.checkpoint.checkpoint(self.ck{i}, {s}, {call})"]
     elif m.kind == "pairwise":
         lines += _pairwise_lines(m, i, spec)
         outs += [f"p{i}"] if m.keep else []  # the cat's own result: its layout is the caller's to see
@@ -723,6 +774,11 @@ def init_source(spec: Spec) -> str:
             lines += [f"self.m{i} = nn.Parameter(torch.randn({d}, {hdim}) * 0.3)"]
         elif m.kind == "feature_lookup":
             lines += [f"self.f{i} = nn.Parameter(torch.randn({ID_ROWS}, {hdim}))"]
+        elif m.kind == "checkpointed":
+            middle = CHECKPOINT_MIDDLE[m.variant]
+            lines += [
+                f"self.ck{i} = nn.Sequential(nn.Linear({d}, {hdim}), {middle}, nn.Linear({hdim}, {hdim}))"
+            ]
         elif m.kind == "size1":
             lines += [f"self.lin{i} = nn.Linear(1, {hdim}, bias={m.variant == 'bias'})"]
         elif m.kind in ("bn_twice", "bn_unused"):
@@ -795,7 +851,7 @@ def repro(spec: Spec, dtype: torch.dtype = torch.float32) -> str:
     """A standalone script building the program and its inputs (what a failure report shows)."""
     dt = str(dtype).replace("torch.", "")
     return (
-        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n"
+        "import torch\nimport torch.nn.functional as F\nimport torch.utils.checkpoint\nfrom torch import nn\n\n"
         f"{module_source(spec)}\n"
         f"torch.manual_seed(0)\nm = FuzzModule().to(torch.{dt}).train({spec.train})\n"
         f"x = torch.randn({spec.batch}, {spec.width}, dtype=torch.{dt}, requires_grad=True)\n"

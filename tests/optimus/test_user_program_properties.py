@@ -33,6 +33,9 @@ from fuzz_choices import DrawChoices
 from fuzz_known_failures import KNOWN
 from fuzz_programs import (
     CASTS,
+    CHECKPOINT_CALLS,
+    CHECKPOINT_KINDS,
+    CHECKPOINT_MIDDLE,
     CONSUMERS,
     EXPERTS,
     GATE_FORMS,
@@ -104,6 +107,9 @@ def test_fixed_seeds_cover_every_construct() -> None:
     wanted |= {"feature_lookup:gap", "feature_lookup:reversed", "feature_lookup:two_sources"}
     wanted |= {"feature_lookup:joined"}
     wanted |= {f"pairwise:{p}" for p in PAIR_SOURCES}
+    # towers under activation checkpointing: each middle op and each way of checkpointing
+    wanted |= {f"kind:{k}" for k in CHECKPOINT_KINDS} | {f"checkpointed:{m}" for m in CHECKPOINT_MIDDLE}
+    wanted |= {f"checkpointed:{c}" for c in CHECKPOINT_CALLS}
     assert wanted <= seen, sorted(wanted - seen)
 
 
