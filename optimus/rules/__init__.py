@@ -19,6 +19,7 @@ from .cat_gather import CatGather
 from .cat_pieces import CatPieces
 from .cat_split import CatSplit
 from .cleanup import CommonSubexpression, DeadCode
+from .embedding_index_select import EmbeddingIndexSelect
 from .flatten_cats import FlattenCats
 from .functionalize_inplace import FunctionalizeInplace
 from .group_linear import GroupLinear
@@ -53,6 +54,8 @@ REGISTRY: dict[str, type] = {
     "group_linear": GroupLinear,  # different-shape linears: one grouped launch (Triton on CUDA)
     "batch_layer_norm": BatchLayerNorm,
     "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end
+    # a trained lookup on CPU: index_select's backward (one index_add_) beats embedding's sort
+    "embedding_index_select": EmbeddingIndexSelect,
     "batch_unary": BatchUnary,
     "batch_binary": BatchBinary,
     "batch_gate_pool": BatchGatePool,  # T gate poolings of one experts tensor: one bmm (before vector_matmul)

@@ -53,6 +53,7 @@ _KIND_BY_NAME = {
     "matmul": "matmul",  # torch.matmul, operator.matmul, x.matmul (vector_matmul anchors on them)
     "__matmul__": "matmul",
     "bmm": "bmm",
+    "embedding": "embedding",  # F.embedding (embedding_index_select anchors on it)
 }
 _KINDS: weakref.WeakKeyDictionary[Any, dict[str, list[fx.Node]]] = weakref.WeakKeyDictionary()
 

@@ -61,7 +61,12 @@ EXAMPLES = int(os.environ.get("OPTIMUS_FUZZ_PROPERTY_EXAMPLES", "25"))
 SEEDS = range(60)  # fixed programs: the same on every hypothesis version
 # Seeds past the first 30 where batch_layer_norm and stack_unbind fire: since the layouts fix, a value
 # the caller sees raw needs a copy or stays fresh, and on the first 30 programs those never pay.
-RARE_RULE_SEEDS = (30, 52, 173)  # batch_layer_norm, batch_size1_linear, batch_embedding
+RARE_RULE_SEEDS = (
+    30,
+    52,
+    173,
+    68,
+)  # batch_layer_norm, batch_size1_linear, batch_embedding, embedding_index_select
 # Seeds whose MMoE blocks and DCN-Mix expert groups make batch_gate_pool and batch_slice_matmul
 # fire on the launch-bound path (the multiply-sum pooling, batched only without a gradient, in a
 # no_grad block: 52, 55).
@@ -185,6 +190,7 @@ def test_generated_programs_exercise_the_rules() -> None:
     wanted = ("batch_linear", "batch_layer_norm", "merge_shared_linear", "batch_unary", "batch_binary")
     wanted += ("batch_size1_linear", "batch_embedding", "matmul_as_linear", "functionalize_inplace")
     wanted += ("stack_cast_pieces", "cat_gather")  # DeepCTR's input layer, PNN's pairwise products
+    wanted += ("embedding_index_select",)  # that input layer's batched lookup, at batch 48
     for rule in (*wanted, "split_cat", "stack_unbind", "normalize_split_cat", "cse", "dce"):
         assert fired.get(rule, 0) > 0, (rule, fired)
 
