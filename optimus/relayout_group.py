@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import warnings
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -229,6 +230,9 @@ def still_views(group: _Group) -> bool:
 
 
 _WARNED_DISTRIBUTED = [False]
+# torch.distributed, where this build has it (read once: the check runs in every backward, and an
+# import statement there cost about 5 us per group per step)
+_DIST = torch.distributed if torch.distributed.is_available() else None
 
 
 def _warn_if_distributed() -> None:
@@ -236,11 +240,8 @@ def _warn_if_distributed() -> None:
     DistributedDataParallel reduces gradients from hooks on each parameter's gradient
     accumulator, and a member is not in the autograd graph (the stacked parameter is), so its
     gradient stays rank-local and the ranks drift apart (docs/optimus.md, the parameter table)."""
-    import warnings
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    dist = _DIST
+    if dist is not None and dist.is_initialized() and dist.get_world_size() > 1:
         _WARNED_DISTRIBUTED[0] = True
         warnings.warn(
             "optimus re-layout under torch.distributed (world size "
