@@ -34,6 +34,15 @@ from .base import Cost, HorizontalRule
 
 _SIGNATURE = inspect.signature(F.embedding)
 _PLAIN = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False, "sparse": False}
+
+
+def plain_lookup(args: dict[str, Any]) -> bool:
+    """A lookup without ``padding_idx``, ``max_norm``, ``scale_grad_by_freq`` or ``sparse``: a
+    plain row gather (whose backward adds each row's gradients), which other forms of the
+    lookup may replace."""
+    return all(args[k] == v for k, v in _PLAIN.items())
+
+
 CHECK_LAUNCHES = 4.0  # ge, lt, and, where (+ the add of the offsets, counted apart)
 
 
@@ -54,7 +63,7 @@ class BatchEmbedding(HorizontalRule):
 
     def key(self, node: fx.Node, ctx: RewriteContext) -> Hashable | None:
         args = bound(node)
-        if args is None or any(args[k] != v for k, v in _PLAIN.items()):
+        if args is None or not plain_lookup(args):
             return None
         idx, weight = args["input"], args["weight"]
         if not isinstance(idx, fx.Node) or not isinstance(weight, fx.Node):
