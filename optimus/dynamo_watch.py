@@ -38,9 +38,8 @@ class LimitWatch(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         report = self.report()
-        if report is None:
-            logging.getLogger(DYNAMO_LOGGER).removeFilter(self)
-            return True
+        if report is None:  # dropped by the next watch(): removing it here, while the logger
+            return True  # iterates over its filters, skipped the filter after it
         if isinstance(record.msg, str) and record.msg.startswith(_LIMIT_MESSAGE):
             args: Any = record.args
             if (
@@ -60,7 +59,10 @@ def watch(report: OptimusReport, forward: Any) -> None:
     """Watch Dynamo's log for the recompile limit of ``forward`` (a bound or plain function)."""
     code = getattr(getattr(forward, "__func__", forward), "__code__", None)
     if isinstance(code, types.CodeType):
-        logging.getLogger(DYNAMO_LOGGER).addFilter(LimitWatch(report, code))
+        logger = logging.getLogger(DYNAMO_LOGGER)
+        for old in [f for f in logger.filters if isinstance(f, LimitWatch) and f.report() is None]:
+            logger.removeFilter(old)  # watches of reports nobody holds any more
+        logger.addFilter(LimitWatch(report, code))
 
 
 __all__ = ["LimitWatch", "code_info", "watch"]

@@ -43,3 +43,34 @@ def test_recompiles_are_counted_and_the_limit_is_reported() -> None:
     assert report.recompile_limit_hit  # ... and the report says so
     assert any("recompile limit (3) was reached" in n for n in report.notes), report.notes
     torch._dynamo.reset()
+
+
+def test_a_watch_of_a_dropped_report_does_not_hide_the_next_one() -> None:
+    """The watch of a report nobody holds any more used to remove itself from the logger while
+    the logger iterated over its filters, which skipped the filter after it: in a process that
+    had optimized and dropped another model first, the limit went unreported (found as a test
+    that failed only after 114 other tests in one process)."""
+    import gc
+    import logging
+
+    from optimus import dynamo_watch
+    from optimus.report import OptimusReport
+
+    logger = logging.getLogger(dynamo_watch.DYNAMO_LOGGER)
+    before = list(logger.filters)
+    try:
+        dropped, kept = OptimusReport(), OptimusReport()
+        dynamo_watch.watch(dropped, Logs.forward)
+        dynamo_watch.watch(kept, Logs.forward)
+        del dropped
+        gc.collect()
+        info = dynamo_watch.code_info(Logs.forward.__code__)
+        logger.warning("torch._dynamo hit config.%s (%s)\n   function: %s", "recompile_limit", 3, info)
+        assert kept.recompile_limit_hit
+        assert any("recompile limit (3)" in n for n in kept.notes), kept.notes
+        dynamo_watch.watch(OptimusReport(), Logs.forward)  # a new watch drops the dead one
+        assert not [
+            f for f in logger.filters if isinstance(f, dynamo_watch.LimitWatch) and f.report() is None
+        ][1:]
+    finally:
+        logger.filters[:] = before
