@@ -170,3 +170,51 @@ def test_the_cost_model_declines_a_small_lookup() -> None:
     gm = optimus.optimize(model, (_ids((64,)),))
     assert _fired(gm) == 0
     assert gm.optimus_report.declined.get(RULE, 0) == 1
+
+
+class WordLanguageModel(nn.Module):
+    """pytorch/examples' ``word_language_model`` RNNModel (LSTM), as the example writes it: an
+    ``nn.Embedding`` encoder read through dropout, optionally tied to the decoder's weight."""
+
+    def __init__(self, ntoken: int, ninp: int, nlayers: int, tie_weights: bool) -> None:
+        super().__init__()
+        self.ntoken = ntoken
+        self.drop = nn.Dropout(0.5)
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = nn.LSTM(ninp, ninp, nlayers, dropout=0.5)
+        self.decoder = nn.Linear(ninp, ntoken)
+        if tie_weights:
+            self.decoder.weight = self.encoder.weight
+
+    def forward(self, x: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        emb = self.drop(self.encoder(x))
+        output, hidden = self.rnn(emb, hidden)
+        decoded = self.decoder(self.drop(output)).view(-1, self.ntoken)
+        return F.log_softmax(decoded, dim=1), hidden
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_pytorch_examples_word_language_model_bit_for_bit(tied: bool) -> None:
+    """Code this repository did not write: 35 x 20 tokens (the example's bptt and batch), the
+    encoder's lookup rewritten, one training step's outputs and every gradient bit for bit (with
+    tied weights the table's gradient also gets the decoder's)."""
+    torch.manual_seed(0)
+    model = WordLanguageModel(500, 32, 2, tied)
+    ref = copy.deepcopy(model)
+    x = torch.randint(0, 500, (35, 20), generator=torch.Generator().manual_seed(1))
+    hidden = (torch.zeros(2, 20, 32), torch.zeros(2, 20, 32))
+    target = torch.randint(0, 500, (700,), generator=torch.Generator().manual_seed(2))
+    gm = optimus.optimize(model, (x, hidden))
+    assert _fired(gm) == 1
+
+    def step(fn: Any, module: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        module.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        out, _ = fn(x, hidden)
+        F.nll_loss(out, target).backward()
+        return out.detach(), [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+    (want, want_grads), (got, got_grads) = step(ref, ref), step(gm, model)
+    assert torch.equal(got, want)
+    assert len(got_grads) == len(want_grads) == len(list(ref.parameters()))
+    assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads, strict=True))
