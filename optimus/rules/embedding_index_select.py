@@ -21,7 +21,8 @@ range raises ``IndexError: index out of range in self`` in both. The result is a
 not on CPU (on CUDA ``index_add_`` accumulates with atomics: another order, and an error under
 ``torch.use_deterministic_algorithms``), a table that is not float32/float64 (the half-precision
 backwards accumulate differently), ``padding_idx``, ``max_norm``, ``scale_grad_by_freq`` or
-``sparse`` (their backwards are not a plain gather's), shapes that are not plain integers.
+``sparse`` (their backwards are not a plain gather's), shapes that are not plain integers, and a
+graph Inductor compiles (it decomposes both backwards into the same accumulating ``index_put``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class EmbeddingIndexSelect(NodeSetRule):
             return None
         if w.device.type != "cpu":
             return None  # index_add_ on CUDA: atomics (another order; not deterministic)
+        if ctx.inductor:
+            ctx.decline("embedding_index_select: Inductor lowers both backwards to one scatter-add")
+            return None
         if not _trained(node, weight, ctx):
             ctx.decline("embedding_index_select: no gradient (the forward is the same gather)")
             return None

@@ -218,3 +218,12 @@ def test_pytorch_examples_word_language_model_bit_for_bit(tied: bool) -> None:
     assert torch.equal(got, want)
     assert len(got_grads) == len(want_grads) == len(list(ref.parameters()))
     assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads, strict=True))
+
+
+def test_left_alone_for_inductor() -> None:
+    """Inductor decomposes both backwards into one accumulating ``index_put``: nothing to gain."""
+    from optimus.cost import AnalyticCostModel
+
+    gm = optimus.optimize(Lookup(), (_ids((MANY,)),), cost_model=AnalyticCostModel(inductor=True))
+    assert _fired(gm) == 0
+    assert f"{RULE}: Inductor lowers both backwards to one scatter-add" in gm.optimus_report.declined_reasons
