@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,20 +31,40 @@ from torch import fx
 
 from ..builder import Builder
 from ..context import RewriteContext
+from ..meta import TensorMeta
 from .base import Cost, HorizontalRule
 
 _SIGNATURE = inspect.signature(F.embedding)
 _PLAIN = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False, "sparse": False}
 
 
-def plain_lookup(args: dict[str, Any]) -> bool:
-    """A lookup without ``padding_idx``, ``max_norm``, ``scale_grad_by_freq`` or ``sparse``: a
-    plain row gather (whose backward adds each row's gradients), which other forms of the
-    lookup may replace."""
-    return all(args[k] == v for k, v in _PLAIN.items())
-
-
 CHECK_LAUNCHES = 4.0  # ge, lt, and, where (+ the add of the offsets, counted apart)
+
+
+@dataclass(frozen=True)
+class PlainLookup:
+    """A lookup ``F.embedding(ids, table)`` without ``padding_idx``, ``max_norm``,
+    ``scale_grad_by_freq`` or ``sparse``: a plain row gather (whose backward adds each row's
+    gradients), which other forms of the lookup may replace."""
+
+    ids_node: fx.Node
+    table_node: fx.Node
+    ids: TensorMeta
+    table: TensorMeta
+
+
+def plain_lookup(node: fx.Node, ctx: RewriteContext) -> PlainLookup | None:
+    """``node`` as a :class:`PlainLookup` of integer ids in a 2-D table with known metas, else None."""
+    args = bound(node)
+    if args is None or any(args[k] != v for k, v in _PLAIN.items()):
+        return None
+    idx, weight = args["input"], args["weight"]
+    if not isinstance(idx, fx.Node) or not isinstance(weight, fx.Node):
+        return None
+    i, w = ctx.meta(idx), ctx.meta(weight)
+    if i is None or w is None or len(w.shape) != 2 or i.dtype not in (torch.int64, torch.int32):
+        return None
+    return PlainLookup(idx, weight, i, w)
 
 
 def bound(node: fx.Node) -> dict[str, Any] | None:
@@ -62,15 +83,10 @@ class BatchEmbedding(HorizontalRule):
     name = "batch_embedding"
 
     def key(self, node: fx.Node, ctx: RewriteContext) -> Hashable | None:
-        args = bound(node)
-        if args is None or not plain_lookup(args):
+        found = plain_lookup(node, ctx)
+        if found is None:
             return None
-        idx, weight = args["input"], args["weight"]
-        if not isinstance(idx, fx.Node) or not isinstance(weight, fx.Node):
-            return None
-        i, w = ctx.meta(idx), ctx.meta(weight)
-        if i is None or w is None or len(w.shape) != 2 or i.dtype not in (torch.int64, torch.int32):
-            return None
+        i, w = found.ids, found.table
         return ("embedding", i.shape, i.dtype, i.device, w.shape[1], w.dtype, w.device)
 
     def fuse(self, nodes: Sequence[fx.Node], b: Builder) -> Sequence[fx.Node]:

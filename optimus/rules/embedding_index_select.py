@@ -83,15 +83,10 @@ class EmbeddingIndexSelect(NodeSetRule):
     anchors = frozenset({"embedding"})
 
     def find(self, node: fx.Node, ctx: RewriteContext) -> Found | None:
-        args = bound(node)
-        if args is None or not plain_lookup(args):
+        found = plain_lookup(node, ctx)
+        if found is None:
             return None
-        idx, weight = args["input"], args["weight"]
-        if not isinstance(idx, fx.Node) or not isinstance(weight, fx.Node):
-            return None
-        i, w = ctx.meta(idx), ctx.meta(weight)
-        if i is None or w is None or len(w.shape) != 2:
-            return None
+        idx, weight, i, w = found.ids_node, found.table_node, found.ids, found.table
         if not all(isinstance(s, int) for s in (*i.shape, *w.shape)):
             return None
         if w.device.type != "cpu":
