@@ -51,10 +51,10 @@ def _lookup(idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _requires_grad(node: fx.Node, ctx: RewriteContext, depth: int = 3) -> bool:
-    """The value required grad at capture; for a node a rule built (no recorded flag), whether
-    one of its inputs within ``depth`` steps does and grad mode is on where it runs (a parameter
-    of a ``get_attr`` is read from the module). Unknown counts as no: the rewrite is exact either
-    way, and only its price depends on the answer."""
+    """The value required grad at capture; for a node a rule built (no recorded flag, such as
+    ``batch_embedding``'s lookup), whether one of its inputs within ``depth`` steps does and grad
+    mode is on where it runs (a parameter of a ``get_attr`` is read from the module). Unknown
+    counts as no: the rewrite is exact either way, and only its price depends on the answer."""
     flag = output_requires_grad(node)
     if flag is not None:
         return flag
@@ -66,16 +66,6 @@ def _requires_grad(node: fx.Node, ctx: RewriteContext, depth: int = 3) -> bool:
     if depth == 0 or node.op != "call_function" or ctx.index.regions.grad_disabled(node):
         return False
     return any(_requires_grad(i, ctx, depth - 1) for i in node.all_input_nodes)
-
-
-def _trained(node: fx.Node, weight: fx.Node, ctx: RewriteContext) -> bool:
-    """A gradient reaches the lookup's table: the lookup's output requires grad (for a lookup a
-    rule built, its table does and grad mode is on there), and a gradient from what the caller
-    sees reaches the lookup."""
-    flag = output_requires_grad(node)
-    if flag is None:
-        flag = _requires_grad(weight, ctx) and not ctx.index.regions.grad_disabled(node)
-    return flag and node in ctx.grad_reaching
 
 
 class EmbeddingIndexSelect(NodeSetRule):
@@ -94,7 +84,7 @@ class EmbeddingIndexSelect(NodeSetRule):
         if ctx.inductor:
             ctx.decline("embedding_index_select: Inductor lowers both backwards to one scatter-add")
             return None
-        if not _trained(node, weight, ctx):
+        if not (_requires_grad(node, ctx) and node in ctx.grad_reaching):
             ctx.decline("embedding_index_select: no gradient (the forward is the same gather)")
             return None
         if w.dtype not in _DTYPES:
