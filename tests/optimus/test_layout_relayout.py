@@ -442,3 +442,82 @@ def test_trainable_groups_of_two_are_not_relaid_out(g: int, trainable: bool, rel
         want.pow(2).sum().backward()
         for got, exp in zip(grads(model), grads(ref), strict=True):
             torch.testing.assert_close(got, exp)
+
+
+# --- the hand-off hook: one post-accumulate hook, a pre-hook only for members' own hooks --------
+
+
+def _stacked_params(gm: nn.Module) -> list[nn.Parameter]:
+    return [p for n, p in gm.named_parameters() if n.startswith(PREFIX)]
+
+
+def test_the_pre_hook_is_installed_only_once_a_member_has_a_tensor_hook() -> None:
+    """Every hook autograd calls costs a real model's step 5-25 us (docs/perf.md): groups without
+    member hooks get none; registering one later installs it, and it fires from that backward."""
+    torch.manual_seed(15)
+    model, x = group(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    gm(x).sum().backward()
+    ref(x).sum().backward()
+    assert all(not p._backward_hooks for p in _stacked_params(gm))
+    assert all(p._post_accumulate_grad_hooks for p in _stacked_params(gm))
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+        m.linears[2].weight.register_hook(lambda g: g * 3)  # type: ignore[union-attr,operator]
+    assert any(p._backward_hooks for p in _stacked_params(gm))
+    gm(x).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    for got, exp in zip(grads(model), grads(ref), strict=True):
+        torch.testing.assert_close(got, exp)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_accumulating_with_a_frozen_member_and_a_user_set_grad(
+    reuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The accumulate path: one member frozen (keeps its .grad), one whose .grad the user set to
+    a tensor of their own, the others accumulating into views of one buffer."""
+    small_groups_reuse(reuse, monkeypatch)
+    torch.manual_seed(16)
+    model, x = group(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    for f in (gm, ref):
+        f(x).pow(2).sum().backward()
+    for m in (model, ref):
+        m.linears[1].weight.requires_grad_(False)
+        m.linears[3].bias.grad = torch.full_like(m.linears[3].bias, 0.5)
+    for f in (gm, ref):
+        f(x).pow(3).sum().backward()
+        f(x).sum().backward()
+    for got, exp in zip(grads(model), grads(ref), strict=True):
+        torch.testing.assert_close(got, exp)
+    assert model.linears[3].bias.grad is not None and model.linears[3].bias.grad._base is not None
+
+
+def test_create_graph_accumulates_out_of_place_like_the_unfused_model() -> None:
+    """Under ``backward(create_graph=True)`` AccumulateGrad sums out of place and the gradient
+    keeps its history: so do the members' gradients, and a second-order loss on them trains the
+    same."""
+    torch.manual_seed(17)
+    model, x = group(), torch.randn(4, 2, 3)
+    ref = copy.deepcopy(model)
+    gm = fused(model, x)
+    for f in (gm, ref):
+        f(x).pow(2).sum().backward(create_graph=True)
+    kept = [p.grad for p in model.parameters()]
+    for f in (gm, ref):
+        f(x).pow(3).sum().backward(create_graph=True)
+    for p, q, old in zip(model.parameters(), ref.parameters(), kept, strict=True):
+        assert p.grad is not old  # a new tensor, as AccumulateGrad's out-of-place sum gives
+        assert p.grad is not None and q.grad is not None
+        assert p.grad.requires_grad == q.grad.requires_grad
+        torch.testing.assert_close(p.grad, q.grad)
+    penalties = [sum(p.grad.pow(2).sum() for p in m.parameters()) for m in (model, ref)]  # type: ignore[union-attr]
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+    for penalty in penalties:
+        penalty.backward()  # type: ignore[union-attr]
+    for got, exp in zip(grads(model), grads(ref), strict=True):
+        torch.testing.assert_close(got, exp)
