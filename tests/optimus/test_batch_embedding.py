@@ -156,3 +156,72 @@ def test_cost_model_declines_copying_large_tables_every_call() -> None:
     assert report.declined.get("batch_embedding", 0) >= 1, report.declined
     relaid = optimus.optimize(copy.deepcopy(model), (x,), config=OptimusConfig(layout=RelayoutParams()))
     assert relaid.optimus_report.rules_fired.get("batch_embedding") == 1  # no copy: taken
+
+
+class ConcatenatedInputLayer(nn.Module):
+    """DeepCTR's input layer: ``emb_i(X[:, i:i+1].long())`` per column, the lookups concatenated
+    along the last dim and flattened; ``peek`` also reads one lookup elsewhere (a sum)."""
+
+    def __init__(self, peek: bool = False) -> None:
+        super().__init__()
+        self.peek = peek
+        self.embs = nn.ModuleList([nn.Embedding(5 + 3 * i, 4) for i in range(G)])
+        self.head = nn.Linear(4 * G, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [emb(x[:, i : i + 1].long()) for i, emb in enumerate(self.embs)]  # [B, 1, D] each
+        y = self.head(torch.flatten(torch.cat(outs, -1), 1))
+        return y + outs[3].sum() if self.peek else y
+
+
+def _head_reads_the_lookup_storage(gm: torch.fx.GraphModule, x: torch.Tensor) -> bool:
+    """Run ``gm`` node by node: does the head linear's input share the lookup output's storage?"""
+    seen: dict[str, torch.Tensor] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> object:
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = out
+            return out
+
+    Recorder(gm).run(x)
+    nodes = list(gm.graph.nodes)
+    (lookup,) = [n for n in nodes if n.target is F.embedding]
+    (head,) = [n for n in nodes if n.target in (F.linear, torch._C._nn.linear)]
+    fed = head.args[0]
+    assert isinstance(fed, torch.fx.Node)
+    ptr = seen[lookup.name].untyped_storage().data_ptr()
+    return seen[fed.name].untyped_storage().data_ptr() == ptr
+
+
+def _unbind_dims(gm: nn.Module) -> list[int]:
+    return [int(n.args[1]) for n in gm.graph.nodes if n.target is torch.unbind]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("peek", [False, True], ids=["only-cat", "another-reader"])
+def test_lookups_read_only_by_a_cat_are_laid_side_by_side(peek: bool) -> None:
+    """Lookups read only by ``cat`` come out of one ``[B, 1, G, D]`` lookup, unbound along G (views
+    a cat cannot tell from eager's contiguous results); with another reader each result stays a
+    contiguous ``[G, ...]`` block. Values and gradients bit for bit either way, and out-of-range
+    ids still raise."""
+    torch.manual_seed(0)
+    model = ConcatenatedInputLayer(peek)
+    ref = copy.deepcopy(model)
+    x = _inputs(model)  # type: ignore[arg-type]
+    gm = optimus.optimize(model, (x,), config=OptimusConfig(layout=RelayoutParams()))
+    assert gm.optimus_report.rules_fired.get("batch_embedding") == 1
+    if peek:
+        assert 0 in _unbind_dims(gm)
+    else:  # the cat became a view of the lookup's output: what the head reads is that storage
+        assert not _unbind_dims(gm)
+        assert _head_reads_the_lookup_storage(gm, x)
+    want, got = _train_step(ref, ref, x), _train_step(model, gm, x)
+    assert torch.equal(got, want)
+    for (name, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
+        assert q.grad is not None and torch.equal(q.grad, p.grad), name
+    bad = x.clone()
+    bad[0, 2] = model.embs[2].num_embeddings  # one past table 2: row 0 of table 3 when fused
+    for fn in (ref, gm):
+        with pytest.raises(IndexError):
+            fn(bad)
