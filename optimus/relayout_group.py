@@ -101,9 +101,14 @@ class _Group:
         return None if any(v is None for v in views) else (buf, views)  # type: ignore[return-value]
 
     def hold(self, buf: torch.Tensor, views: list[torch.Tensor]) -> None:
-        if self.reuse:
+        """Keep ``buf`` and its views: strongly in a reuse group, weakly otherwise, and weakly
+        also when ``buf`` carries a ``create_graph`` history (held strongly, it would keep that
+        backward's graph alive after ``zero_grad``, which the unfused model frees)."""
+        if self.reuse and not buf.requires_grad:
             self.grad_buf, self.grad_views = buf, views
+            self.weak_buf, self.weak_views = None, []
         else:
+            self.grad_buf, self.grad_views = None, []
             self.weak_buf, self.weak_views = weakref.ref(buf), [weakref.ref(v) for v in views]
 
     def forget_buffer(self) -> None:
@@ -270,11 +275,11 @@ _ALONE_USE = max(map(_USE_COUNT, [torch.empty(0)]))
 
 def _buffer_is_free(g: _Group, new: torch.Tensor) -> bool:
     """Whether the kept gradient buffer may be overwritten with ``new``: the same kind of tensor,
-    neither one part of a ``create_graph`` history (an in-place copy into such views makes
-    autograd refuse them), and nothing outside this group refers to it or to any of its views
-    (the caller has found every member's ``.grad`` None)."""
+    ``new`` without a ``create_graph`` history (a kept buffer never has one: :meth:`_Group.hold`),
+    and nothing outside this group refers to it or to any of its views (the caller has found
+    every member's ``.grad`` None)."""
     buf = g.grad_buf
-    if buf is None or _STORAGE_USE_COUNT is None or new.requires_grad or buf.requires_grad:
+    if buf is None or _STORAGE_USE_COUNT is None or new.requires_grad:
         return False
     if buf.shape != new.shape or buf.dtype != new.dtype or buf.device != new.device:
         return False
