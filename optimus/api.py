@@ -14,6 +14,7 @@ from torch import fx, nn
 from . import caller_state, capture, checkpoint_rng, driver, dynamo_watch, sparse_boundary
 from .builder import CONSTANT_PREFIX
 from .call_signature import forward_names
+from .chunk_stacked import chunk_stacked
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .cost import CostModel
@@ -33,10 +34,15 @@ def optimize_graph_module(
     config: OptimusConfig,
     example_inputs: Sequence[Any] | None = None,
     report: OptimusReport | None = None,
+    inference: bool = False,
 ) -> OptimusReport:
     """Optimize ``gm`` in place (the graph is changed); returns the report. Never raises for an
     op it does not know: such nodes are left alone. An internal failure leaves the graph as it was
-    and says why in the report."""
+    and says why in the report.
+
+    ``inference``: the graph was captured from a module in eval mode; priced for Inductor, its
+    fused chains then run a few members at a time (``OptimusConfig.inference_chunk_bytes``,
+    :mod:`optimus.chunk_stacked`)."""
     report = report or OptimusReport()
     if lower_modules(gm):
         gm.recompile()
@@ -50,6 +56,9 @@ def optimize_graph_module(
     backup = capture.copy_graph(gm.graph)
     try:
         driver.run(gm, config, report, verifier)
+        chunk = config.inference_chunk_bytes
+        if inference and chunk is not None and getattr(config.cost_model, "inductor", False) is True:
+            _chunk_stacked(gm, chunk, report, verifier)
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc
@@ -61,6 +70,22 @@ def optimize_graph_module(
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
     drop_unused_constants(gm)
     return report
+
+
+def _chunk_stacked(gm: fx.GraphModule, chunk: int, report: OptimusReport, verifier: Verifier | None) -> None:
+    """Run the fused chains in chunks (optimus.chunk_stacked); with ``verify``, checked like any
+    rewrite and undone if the outputs differ."""
+    before = capture.copy_graph(gm.graph) if verifier is not None else None
+    report.chunked_groups, notes = chunk_stacked(gm, chunk)
+    report.notes.extend(notes)
+    if verifier is not None and before is not None and report.chunked_groups:
+        failed = verifier.check(gm)
+        if failed is not None:
+            gm.graph = before
+            gm.recompile()
+            report.chunked_groups = 0
+            report.notes.append(f"chunk_stacked: undone, verify failed: {failed}")
+    report.nodes_after = len(gm.graph.nodes)
 
 
 def drop_unused_constants(gm: fx.GraphModule) -> None:
@@ -127,7 +152,12 @@ def optimize(
             setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
             if cfg.verify:
                 state.protect_parameters()  # verify runs the graph for real
-            report = optimize_graph_module(gm, cfg, caller_state.clone_inputs(inputs) if cfg.verify else None)
+            report = optimize_graph_module(
+                gm,
+                cfg,
+                caller_state.clone_inputs(inputs) if cfg.verify else None,
+                inference=not module.training,
+            )
         report.capture = "graph"
         report.capture_reason = "the module is already a GraphModule: its graph was optimized as given"
         report.graphs = 1
@@ -233,7 +263,9 @@ def capture_and_optimize(
         setattr(gm, OWNED_FLAG, not cfg.verify)  # a re-laying-out layout may re-point parameters
         if cfg.verify:
             state.protect_parameters()  # verify runs the graph for real
-        report = optimize_graph_module(gm, cfg, flat_inputs if cfg.verify else None)
+        report = optimize_graph_module(
+            gm, cfg, flat_inputs if cfg.verify else None, inference=not module.training
+        )
     report.capture = "export"
     report.capture_reason = "torch._dynamo.export captured forward as one graph"
     if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):

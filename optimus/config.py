@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .chunk_stacked import CHUNK_BYTES
 from .cost import AnalyticCostModel, CostModel
 from .layout import ParamLayout, RuntimeStack
 
@@ -27,6 +28,9 @@ class OptimusConfig:
         (0.0: whenever it is faster; 1.0 or more: never).
     memory_budget_bytes: no rewrite may lift the estimated peak above this many bytes (None: no
         budget). Rewrites that add no live bytes are still taken when the graph is over it.
+    inference_chunk_bytes: a graph captured in eval mode and priced for Inductor runs each fused
+        chain a few members at a time, so its stacked intermediates stay about this size (see
+        ``optimus.chunk_stacked``); None: never.
     """
 
     rules: tuple[str, ...] | None = None
@@ -41,6 +45,7 @@ class OptimusConfig:
     seed: int = 0
     memory_margin: float = 0.0
     memory_budget_bytes: int | None = None
+    inference_chunk_bytes: int | None = CHUNK_BYTES
 
     def __post_init__(self) -> None:
         from .rules import REGISTRY
@@ -71,6 +76,9 @@ class OptimusConfig:
         budget = self.memory_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"memory_budget_bytes must be a positive int or None, got {budget!r}")
+        chunk = self.inference_chunk_bytes
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"inference_chunk_bytes must be a positive int or None, got {chunk!r}")
 
     def with_(self, **changes: Any) -> OptimusConfig:
         """A copy with some fields replaced (validated again)."""
@@ -83,5 +91,6 @@ class OptimusConfig:
             f"rules={self.rules};cost={type(cm).__module__}.{type(cm).__qualname__}:{vars(cm) if hasattr(cm, '__dict__') else ''};"
             f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
             f"nodes={self.max_nodes};memory_margin={self.memory_margin};"
-            f"memory_budget_bytes={self.memory_budget_bytes}"
+            f"memory_budget_bytes={self.memory_budget_bytes};"
+            f"inference_chunk_bytes={self.inference_chunk_bytes}"
         )

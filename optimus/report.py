@@ -58,6 +58,9 @@ class OptimusReport:
     # ("vertical chain (batch_linear > batch_layer_norm > batch_unary)"); their links count in
     # rules_fired as well
     chains: dict[str, int] = field(default_factory=dict)
+    # fused chains an inference graph for Inductor runs a few members at a time
+    # (optimus.chunk_stacked); why others were left whole is in ``notes``
+    chunked_groups: int = 0
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
@@ -79,6 +82,7 @@ class OptimusReport:
         self.nodes_before += other.nodes_before
         self.nodes_after += other.nodes_after
         self.seconds += other.seconds
+        self.chunked_groups += other.chunked_groups
         self.iterations = max(self.iterations, other.iterations)
         self.live_peak_before = max(self.live_peak_before, other.live_peak_before)
         self.live_peak_after = max(self.live_peak_after, other.live_peak_after)

@@ -1,0 +1,424 @@
+"""Inference under Inductor: run a stacked chain a few members at a time, so fusion costs no peak.
+
+WHY: horizontal fusion computes G members as one op, so G members' intermediates exist at once
+(a ``[G, B, D]`` buffer per layer) where the unfused graph, run by Inductor one member after
+another, holds one member's at a time and writes each result straight into the final ``cat``.
+On towers medium inference that lifted the step's peak by 3.8 MB (+41% of the whole step's
+memory, docs/perf.md "A fused chain in chunks"). Nearly all of fusion's speed under Inductor is
+the batched GEMM's: a chain cut into chunks of 8 members kept it (1.28x against 1.31x of plain
+compile) at +1.5% peak, and the seam ``cat`` where two groups meet one wider group (the sparse
+and dense towers' layer norm) disappears, since no chunk straddles a seam.
+
+What it does, after the rules have converged, only for a graph captured in eval mode and priced
+for Inductor (``optimize_graph_module(..., inference=True)`` with an Inductor cost model):
+
+* a *region* is a connected set of nodes that all carry the same leading group dim G and act on
+  each index of it separately: ``baddbmm``/``bmm``, ``layer_norm`` over trailing dims, pointwise
+  ops whose other operands broadcast over G, views that keep dim 0 (``unflatten``/``select``/
+  ``unsqueeze`` off dim 0, a ``reshape``/``view`` keeping G, a ``permute`` keeping dim 0). A
+  ``cat`` along dim 0 of region values joins their regions into one index space at offsets;
+* the space is cut at every region's ends and every ``k`` indices, ``k`` = ``chunk_bytes`` over
+  the largest per-member bytes of the group's computed values; each chunk's nodes are emitted in
+  order, chunk after chunk, reading ``narrow`` views of the values outside (stacked parameters,
+  the input views);
+* a value read outside is rebuilt from its chunks: ``flatten(movedim(v, 0, 1), 1, 2)`` (the
+  fused towers' hand-back) becomes the ``cat`` of the chunks' own, spliced into an enclosing
+  ``cat`` on dim 1; anything else reads ``cat(chunks, 0)``.
+
+Each chunk computes the same per-member values by the same kernels on fewer members, so results,
+dtypes, strides (every rebuilt value is new contiguous storage where the original was) are as
+before. It declines (the whole group, said in ``report.notes``) where it cannot show that: an
+effect anywhere in the graph (mutation, randomness, a grad/autocast region), a group value the
+graph returns, a reader placed before the group's last node, a value read outside that is not
+contiguous. Training graphs are left alone: there a chunk's ``narrow`` backward writes zeros over
+the whole stacked gradient per chunk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from .effects import is_effectful
+from .meta import TensorMeta, propagate, tensor_meta
+from .normalize import BINARY_POINTWISE, UNARY_POINTWISE, canonicalize
+
+CHUNK_BYTES = 256 * 1024  # per-member bytes x members of one chunk's largest computed value
+# Each chunk is its own few kernels for Inductor to generate and compile (about 0.4 s each on a
+# CPU), so a group is cut into at most this many chunks, whatever ``chunk_bytes`` says.
+MAX_CHUNKS = 8
+
+_BMM = {torch.baddbmm, torch.bmm, "baddbmm", "bmm"}
+_ADDCMUL = {torch.addcmul, "addcmul"}
+_LAYER_NORM = {F.layer_norm, torch.layer_norm}
+_DIM_VIEWS = {"unflatten", "select", "unsqueeze", torch.unflatten, torch.select, torch.unsqueeze}
+_SHAPE_VIEWS = {"reshape", "view", torch.reshape}
+_PERMUTE = {"permute", torch.permute}
+_CAT = {torch.cat, torch.concat}
+_MOVEDIM = {"movedim", torch.movedim}
+_FLATTEN = {"flatten", torch.flatten}
+
+
+def _is(node: Any, names: set[Any]) -> bool:
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
+        return False
+    try:
+        return node.target in names
+    except TypeError:
+        return False
+
+
+@dataclass
+class _Group:
+    """Regions joined by dim-0 cats: one index space of ``size`` members."""
+
+    nodes: list[fx.Node] = field(default_factory=list)  # graph order
+    offset: dict[fx.Node, int] = field(default_factory=dict)  # where a node's dim 0 starts
+    bad: str | None = None
+
+
+def _meta(node: Any) -> TensorMeta | None:
+    return tensor_meta(node) if isinstance(node, fx.Node) else None
+
+
+def _norm_dim(dim: Any, ndim: int) -> int | None:
+    if not isinstance(dim, int) or not -ndim <= dim < ndim:
+        return None
+    return dim % ndim
+
+
+def _per_member(node: fx.Node, out: TensorMeta) -> tuple[str, list[fx.Node]] | None:
+    """How ``node`` acts on its leading dim: ("compute"|"view", its inputs indexed by that dim),
+    or None when it does not act on each index separately."""
+    g, ndim = out.shape[0], len(out.shape)
+    args, kwargs = node.args, node.kwargs
+    first = args[0] if args else None
+    first_meta = _meta(first)
+    if _is(node, _DIM_VIEWS) or _is(node, _SHAPE_VIEWS) or _is(node, _PERMUTE):
+        if kwargs or first_meta is None or not first_meta.shape or first_meta.shape[0] != g:
+            return None
+        rest = args[1:]
+        if _is(node, _SHAPE_VIEWS):
+            shape = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+            ok = bool(shape) and shape[0] == g and all(isinstance(s, int) for s in shape)
+        elif _is(node, _PERMUTE):
+            dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+            ok = bool(dims) and _norm_dim(dims[0], len(first_meta.shape)) == 0
+        elif node.target in ("unsqueeze", torch.unsqueeze):
+            ok = len(rest) == 1 and _norm_dim(rest[0], ndim) not in (None, 0)
+        else:  # unflatten / select: a dim of the input
+            ok = len(rest) == 2 and _norm_dim(rest[0], len(first_meta.shape)) not in (None, 0)
+        return ("view", [first]) if ok and isinstance(first, fx.Node) else None
+    if _is(node, _LAYER_NORM):
+        normalized = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+        if first_meta is None or not isinstance(normalized, (tuple, list)) or len(normalized) >= ndim:
+            return None
+    elif not (_is(node, _BMM) or _is(node, _ADDCMUL)):
+        canon = canonicalize(node)
+        if canon is None or canon.inplace or canon.op not in UNARY_POINTWISE | BINARY_POINTWISE:
+            return None
+    indexed: list[fx.Node] = []
+    for arg in [*args, *kwargs.values()]:
+        if isinstance(arg, fx.Node):
+            m = _meta(arg)
+            if m is None:
+                return None
+            if len(m.shape) == ndim and m.shape[0] == g:
+                indexed.append(arg)
+            elif len(m.shape) == ndim and m.shape[0] != 1:
+                return None  # neither indexed by G nor broadcast over it
+        elif isinstance(arg, (list, tuple)) and any(isinstance(a, fx.Node) for a in arg):
+            return None
+    return ("compute", indexed) if indexed else None
+
+
+def _cat_pieces(node: fx.Node) -> list[fx.Node] | None:
+    if not _is(node, _CAT):
+        return None
+    pieces = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if dim != 0 or not isinstance(pieces, (list, tuple)) or len(pieces) < 2:
+        return None
+    if not all(isinstance(p, fx.Node) for p in pieces):
+        return None
+    return list(pieces)
+
+
+def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[int, list[str]]:
+    """Cut every stacked region of ``gm`` wider than ``chunk_bytes`` into chunks, in place.
+    Returns (groups chunked, why others were declined)."""
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    if any(
+        is_effectful(n, canonicalize(n))
+        for n in nodes
+        if n.op in ("call_function", "call_method", "call_module")
+    ):
+        return 0, ["chunk_stacked: the graph has an effect (mutation, randomness or a region): left alone"]
+    pos = {n: i for i, n in enumerate(nodes)}
+    kind: dict[fx.Node, tuple[str, list[fx.Node]]] = {}
+    for n in nodes:
+        out = _meta(n)
+        if out is None or len(out.shape) < 1 or out.shape[0] < 2:
+            continue
+        pieces = _cat_pieces(n)
+        if pieces is not None:
+            if all(p in kind for p in pieces):
+                kind[n] = ("cat", pieces)
+            continue
+        found = _per_member(n, out)
+        if found is not None:
+            kind[n] = found
+    groups = _join(kind)
+    done, notes = 0, list[str]()
+    for group in groups:
+        if group.bad is None and _chunk(gm, group, kind, pos, chunk_bytes, notes):
+            done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done, notes
+
+
+def _join(kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> list[_Group]:
+    """Union-find with offsets: a node's leading dim sits at ``offset`` in its group's space."""
+    parent: dict[fx.Node, fx.Node] = {n: n for n in kind}
+    off: dict[fx.Node, int] = {n: 0 for n in kind}  # offset within parent's space
+    conflict: set[fx.Node] = set()
+
+    def find(n: fx.Node) -> tuple[fx.Node, int]:
+        total = 0
+        path = []
+        while parent[n] is not n:
+            path.append(n)
+            total += off[n]
+            n = parent[n]
+        root, acc = n, total
+        for p in path:  # compress
+            nxt = acc - off[p]
+            parent[p], off[p] = root, acc
+            acc = nxt
+        return root, total
+
+    def union(a: fx.Node, b: fx.Node, at: int) -> None:
+        """``a``'s index 0 is ``b``'s index ``at``."""
+        ra, oa = find(a)
+        rb, ob = find(b)
+        if ra is rb:
+            if oa != ob + at:
+                conflict.add(ra)
+            return
+        parent[ra], off[ra] = rb, ob + at - oa
+        if ra in conflict:
+            conflict.add(rb)
+
+    for n, (k, ins) in kind.items():
+        if k == "cat":
+            at = 0
+            for p in ins:
+                union(p, n, at)
+                m = _meta(p)
+                at += m.shape[0] if m is not None else 0
+        else:
+            for a in ins:
+                if a in kind:
+                    union(a, n, 0)
+    by_root: dict[fx.Node, _Group] = {}
+    for n in kind:  # dict order = graph order
+        root, o = find(n)
+        g = by_root.setdefault(root, _Group())
+        g.nodes.append(n)
+        g.offset[n] = o
+        if root in conflict:
+            g.bad = "a member is placed at two offsets"
+    for g in by_root.values():
+        low = min(g.offset.values())
+        g.offset = {n: o - low for n, o in g.offset.items()}
+    return list(by_root.values())
+
+
+def _chunk(
+    gm: fx.GraphModule,
+    group: _Group,
+    kind: dict[fx.Node, tuple[str, list[fx.Node]]],
+    pos: dict[fx.Node, int],
+    chunk_bytes: int,
+    notes: list[str],
+) -> bool:
+    members = set(group.nodes)
+    metas = {n: _meta(n) for n in group.nodes}
+    computed = [n for n in group.nodes if kind[n][0] == "compute"]
+    if not any(_is(n, _BMM) for n in computed):
+        return False  # no batched GEMM: a leading dim of plain ops may be the batch, not a group
+    per_member = max(m.nbytes // m.shape[0] for n in computed if (m := metas[n]) is not None)
+    size = {n: m.shape[0] for n, m in metas.items() if m is not None}
+    span = max(group.offset[n] + size[n] for n in size)
+    k = max(2, chunk_bytes // max(per_member, 1), math.ceil(span / MAX_CHUNKS))
+    if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
+        return False  # already small, and no seam to remove
+    sources = {a for n in group.nodes if kind[n][0] != "cat" for a in kind[n][1] if a not in members}
+    anchor = max(pos[n] for n in [*group.nodes, *sources])
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    for n in group.nodes:
+        outside = [u for u in n.users if u not in members]
+        if outside:
+            readers[n] = outside
+    label = f"chunk_stacked ({len(group.nodes)} nodes, {max(size.values())} members)"
+    for n, users in readers.items():
+        m = metas[n]
+        if any(u.op == "output" for u in users):
+            notes.append(f"{label}: a value is returned by the graph: left alone")
+            return False
+        if any(pos[u] <= anchor for u in users):
+            notes.append(f"{label}: a value is read before the group's last node: left alone")
+            return False
+        if m is None or not all(_is_hand_back(n, u) for u in users):
+            notes.append(f"{label}: a value read outside would be copied whole: left alone")
+            return False
+    # the index space, cut at every region's ends and every k members
+    cuts = {0}
+    for n in group.nodes:
+        start = group.offset[n]
+        cuts.update((start, start + size[n]))
+    end = max(cuts)
+    cuts.update(range(0, end, k))
+    bounds = sorted(cuts)
+    chunks = list(itertools.pairwise(bounds))
+    graph = gm.graph
+    after = max([*group.nodes, *sources], key=lambda n: pos[n])
+    values: dict[fx.Node, list[fx.Node]] = {n: [] for n in group.nodes}  # in chunk order
+    narrowed: dict[tuple[fx.Node, int, int], fx.Node] = {}
+    cursor = after
+
+    def emit(fn: Callable[[], fx.Node]) -> fx.Node:
+        nonlocal cursor
+        with graph.inserting_after(cursor):
+            new = fn()
+        propagate(new)
+        cursor = new
+        return new
+
+    for lo, hi in chunks:
+        local: dict[fx.Node, fx.Node] = {}
+        for n in group.nodes:
+            start = group.offset[n]
+            if not (start <= lo and hi <= start + size[n]):
+                continue
+            a, length = lo - start, hi - lo
+            how, ins = kind[n]
+            if how == "cat":
+                at = 0
+                for p in ins:
+                    if at <= a < at + size[p]:
+                        local[n] = local[p]
+                        break
+                    at += size[p]
+                values[n].append(local[n])
+                continue
+
+            def sub(
+                arg: fx.Node,
+                a: int = a,
+                length: int = length,
+                n: fx.Node = n,
+                local: dict[fx.Node, fx.Node] = local,
+            ) -> fx.Node:
+                if arg not in kind[n][1]:
+                    return arg  # broadcast over the group: read whole
+                if arg in members:
+                    return local[arg]
+                key = (arg, a, length)
+                if key not in narrowed:
+                    narrowed[key] = emit(lambda: graph.call_function(torch.narrow, (arg, 0, a, length)))
+                return narrowed[key]
+
+            new_args = fx.node.map_arg(n.args, sub)
+            new_kwargs = fx.node.map_arg(n.kwargs, sub)
+            if _is(n, _SHAPE_VIEWS):
+                rest = new_args[1:]
+                if len(rest) == 1 and isinstance(rest[0], (tuple, list)):
+                    new_args = (new_args[0], (length, *rest[0][1:]))
+                else:
+                    new_args = (new_args[0], length, *rest[1:])
+            made = emit(_maker(graph, n, new_args, new_kwargs))
+            local[n] = made
+            values[n].append(made)
+    for n, users in readers.items():
+        for u in list(users):
+            _hand_back(graph, u, values[n])
+    for n in reversed(group.nodes):
+        if not n.users:
+            graph.erase_node(n)
+    notes.append(f"{label}: in {len(chunks)} chunks of at most {k} members")
+    return True
+
+
+def _maker(graph: fx.Graph, like: fx.Node, args: Any, kwargs: Any) -> Callable[[], fx.Node]:
+    """A call of ``like``'s target (function or method) on new arguments."""
+    if like.op == "call_method":
+        return lambda: graph.call_method(str(like.target), args, kwargs)
+    target: Any = like.target
+    return lambda: graph.call_function(target, args, kwargs)
+
+
+def _is_hand_back(v: fx.Node, mover: fx.Node) -> bool:
+    """``flatten(movedim(v, 0, 1), 1, 2)`` of a contiguous ``[G, B, D]`` value (the fused
+    towers' hand-back to the per-member layout): new contiguous storage, since a ``[B, G, D]``
+    view merges G and D only when B == 1, which is excluded. Any other reader would need the
+    whole stacked value, copied back from the chunks: chunking would then add memory."""
+    m = _meta(v)
+    if m is None or len(m.shape) != 3 or m.shape[1] == 1 or not m.is_contiguous:
+        return False
+    if not (_is(mover, _MOVEDIM) and mover.args[1:] == (0, 1) and not mover.kwargs and len(mover.users) == 1):
+        return False
+    flat = next(iter(mover.users))
+    return _is(flat, _FLATTEN) and flat.args[1:] == (1, 2) and not flat.kwargs
+
+
+def _hand_back(graph: fx.Graph, mover: fx.Node, chunks: list[fx.Node]) -> None:
+    """Rebuild a hand-back (:func:`_is_hand_back`) as the ``cat`` of each chunk's own along
+    dim 1, spliced into an enclosing dim-1 ``cat``."""
+    flat = next(iter(mover.users))
+    pieces: list[fx.Node] = []
+    with graph.inserting_before(flat):
+        for c in chunks:
+            moved = graph.call_function(torch.movedim, (c, 0, 1))
+            propagate(moved)
+            pieces.append(graph.call_function(torch.flatten, (moved, 1, 2)))
+            propagate(pieces[-1])
+    users = list(flat.users)
+    outer = users[0] if len(users) == 1 else None
+    if outer is not None and _is(outer, _CAT) and _cat_dim(outer) in (1, -1) and len(outer.args) >= 1:
+        listed = list(outer.args[0]) if isinstance(outer.args[0], (list, tuple)) else None
+        if (
+            listed is not None
+            and listed.count(flat) == 1
+            and all(_ndim(p) == 2 for p in listed if isinstance(p, fx.Node))
+        ):
+            i = listed.index(flat)
+            outer.args = (listed[:i] + pieces + listed[i + 1 :], *outer.args[1:])
+            graph.erase_node(flat)
+            graph.erase_node(mover)
+            return
+    with graph.inserting_before(flat):
+        whole = graph.call_function(torch.cat, (pieces, 1))
+    propagate(whole)
+    flat.replace_all_uses_with(whole)
+    graph.erase_node(flat)
+    graph.erase_node(mover)
+
+
+def _ndim(node: fx.Node) -> int | None:
+    m = _meta(node)
+    return None if m is None else len(m.shape)
+
+
+def _cat_dim(node: fx.Node) -> Any:
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
