@@ -84,6 +84,7 @@ def report_fields(report: Any) -> dict[str, Any]:
         "nodes_after": d.get("nodes_after"),
         "rules_fired": d.get("rules_fired"),
         "stop_reason": d.get("stop_reason"),
+        "chunked_groups": d.get("chunked_groups", 0),
     }
 
 
@@ -101,6 +102,7 @@ def merge_reports(reports: list[Any]) -> dict[str, Any]:
         "nodes_before": sum(f.get("nodes_before") or 0 for f in fields),
         "nodes_after": sum(f.get("nodes_after") or 0 for f in fields),
         "rules_fired": fired,
+        "chunked_groups": sum(f.get("chunked_groups") or 0 for f in fields),
         "stop_reason": ",".join(sorted({str(f.get("stop_reason")) for f in fields})),
         "optimus_graphs": len(reports),
     }

@@ -25,12 +25,15 @@ for Inductor (``optimize_graph_module(..., inference=True)`` with an Inductor co
   fused towers' hand-back) becomes the ``cat`` of the chunks' own, spliced into an enclosing
   ``cat`` on dim 1; anything else reads ``cat(chunks, 0)``.
 
-Each chunk computes the same per-member values by the same kernels on fewer members, so results,
-dtypes, strides (every rebuilt value is new contiguous storage where the original was) are as
-before. It declines (the whole group, said in ``report.notes``) where it cannot show that: an
-effect anywhere in the graph (mutation, randomness, a grad/autocast region), a group value the
-graph returns, a reader placed before the group's last node, a value read outside that is not
-contiguous. Training graphs are left alone: there a chunk's ``narrow`` backward writes zeros over
+Each chunk computes each member's values by the same ops on fewer members: dtypes, strides
+(every rebuilt value is new contiguous storage where the original was) and aliasing are as
+before, and values too up to the last bits a GEMM library may round otherwise for a smaller
+batch (as batching itself differs from eager's per-member GEMMs; 1.5e-8 in float32 in
+tests/optimus/test_chunk_stacked.py). It declines (the whole group, said in ``report.notes``) where it cannot show that: an
+effect (mutation, randomness, a grad/autocast switch) placed among the group's nodes, a group
+node or input in the alias class of a value written in place, a group value the graph returns,
+a reader placed before the group's last node, a value read by anything but the hand-back above
+(copying it back whole from the chunks would add the memory chunking saves). Training graphs are left alone: there a chunk's ``narrow`` backward writes zeros over
 the whole stacked gradient per chunk.
 """
 
@@ -46,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from .effects import is_effectful
+from .effects import is_effectful, ordered_nodes
 from .meta import TensorMeta, propagate, tensor_meta
 from .normalize import BINARY_POINTWISE, UNARY_POINTWISE, canonicalize
 
@@ -82,6 +85,16 @@ class _Group:
     nodes: list[fx.Node] = field(default_factory=list)  # graph order
     offset: dict[fx.Node, int] = field(default_factory=dict)  # where a node's dim 0 starts
     bad: str | None = None
+
+
+@dataclass
+class _Effects:
+    """Where the graph's effectful nodes sit, and every node in the alias class of a value
+    written in place (``effects.ordered_nodes``): a group's chunks run later than its nodes did,
+    so nothing of the kind may lie between them or be read by them."""
+
+    positions: list[int]
+    ordered: set[fx.Node]
 
 
 def _meta(node: Any) -> TensorMeta | None:
@@ -156,12 +169,12 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
     Returns (groups chunked, why others were declined)."""
     graph = gm.graph
     nodes = list(graph.nodes)
-    if any(
-        is_effectful(n, canonicalize(n))
-        for n in nodes
-        if n.op in ("call_function", "call_method", "call_module")
-    ):
-        return 0, ["chunk_stacked: the graph has an effect (mutation, randomness or a region): left alone"]
+    canons = {n: canonicalize(n) for n in nodes}
+    calls = ("call_function", "call_method", "call_module")
+    effects = _Effects(
+        [i for i, n in enumerate(nodes) if n.op in calls and is_effectful(n, canons[n])],
+        ordered_nodes(nodes, canons),
+    )
     pos = {n: i for i, n in enumerate(nodes)}
     kind: dict[fx.Node, tuple[str, list[fx.Node]]] = {}
     for n in nodes:
@@ -179,7 +192,7 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
     groups = _join(kind)
     done, notes = 0, list[str]()
     for group in groups:
-        if group.bad is None and _chunk(gm, group, kind, pos, chunk_bytes, notes):
+        if group.bad is None and _chunk(gm, group, kind, pos, effects, chunk_bytes, notes):
             done += 1
     if done:
         graph.lint()
@@ -249,6 +262,7 @@ def _chunk(
     group: _Group,
     kind: dict[fx.Node, tuple[str, list[fx.Node]]],
     pos: dict[fx.Node, int],
+    effects: _Effects,
     chunk_bytes: int,
     notes: list[str],
 ) -> bool:
@@ -271,6 +285,15 @@ def _chunk(
         if outside:
             readers[n] = outside
     label = f"chunk_stacked ({len(group.nodes)} nodes, {max(size.values())} members)"
+    first = min(pos[n] for n in group.nodes)
+    if any(first <= p <= anchor for p in effects.positions):
+        # the chunks run after ``anchor``: a write, a draw or a grad/autocast switch among the
+        # group's nodes could change what they read or how they run
+        notes.append(f"{label}: an effect lies among the group's nodes: left alone")
+        return False
+    if any(n in effects.ordered for n in [*group.nodes, *sources]):
+        notes.append(f"{label}: reads a value that is written in place: left alone")
+        return False
     for n, users in readers.items():
         m = metas[n]
         if any(u.op == "output" for u in users):
@@ -369,32 +392,49 @@ def _maker(graph: fx.Graph, like: fx.Node, args: Any, kwargs: Any) -> Callable[[
 
 
 def _is_hand_back(v: fx.Node, mover: fx.Node) -> bool:
-    """``flatten(movedim(v, 0, 1), 1, 2)`` of a contiguous ``[G, B, D]`` value (the fused
-    towers' hand-back to the per-member layout): new contiguous storage, since a ``[B, G, D]``
-    view merges G and D only when B == 1, which is excluded. Any other reader would need the
-    whole stacked value, copied back from the chunks: chunking would then add memory."""
+    """``movedim(v, 0, 1)`` of a contiguous ``[G, B, D]`` value, read only by ``flatten(., 1, 2)``
+    (the fused towers' hand-back to the per-member layout) or by a contiguous copy
+    (``.contiguous()``, ``clone(memory_format=torch.contiguous_format)``: MMoE's experts as
+    ``[B, E, H]``). Either is new contiguous storage, since ``[B, G, D]`` is a view of ``v`` that
+    merges or keeps G and D contiguous only when B == 1, which is excluded; so is the ``cat`` of
+    the chunks' own. Any other reader would need the whole stacked value, copied back from the
+    chunks: chunking would then add memory."""
     m = _meta(v)
     if m is None or len(m.shape) != 3 or m.shape[1] == 1 or not m.is_contiguous:
         return False
     if not (_is(mover, _MOVEDIM) and mover.args[1:] == (0, 1) and not mover.kwargs and len(mover.users) == 1):
         return False
-    flat = next(iter(mover.users))
-    return _is(flat, _FLATTEN) and flat.args[1:] == (1, 2) and not flat.kwargs
+    reader = next(iter(mover.users))
+    if _is(reader, _FLATTEN):
+        return reader.args[1:] == (1, 2) and not reader.kwargs
+    return _is_contiguous_copy(reader)
+
+
+def _is_contiguous_copy(node: fx.Node) -> bool:
+    if node.op == "call_method" and node.target == "contiguous":
+        return (
+            len(node.args) == 1
+            and node.kwargs.get("memory_format", torch.contiguous_format) is torch.contiguous_format
+        )
+    if node.target in ("clone", torch.clone) and node.op in ("call_method", "call_function"):
+        return len(node.args) == 1 and dict(node.kwargs) == {"memory_format": torch.contiguous_format}
+    return False
 
 
 def _hand_back(graph: fx.Graph, mover: fx.Node, chunks: list[fx.Node]) -> None:
     """Rebuild a hand-back (:func:`_is_hand_back`) as the ``cat`` of each chunk's own along
     dim 1, spliced into an enclosing dim-1 ``cat``."""
     flat = next(iter(mover.users))
+    keep_dims = _is_contiguous_copy(flat)  # [B, G, D] rather than [B, G * D]
     pieces: list[fx.Node] = []
     with graph.inserting_before(flat):
         for c in chunks:
             moved = graph.call_function(torch.movedim, (c, 0, 1))
             propagate(moved)
-            pieces.append(graph.call_function(torch.flatten, (moved, 1, 2)))
+            pieces.append(moved if keep_dims else graph.call_function(torch.flatten, (moved, 1, 2)))
             propagate(pieces[-1])
     users = list(flat.users)
-    outer = users[0] if len(users) == 1 else None
+    outer = users[0] if len(users) == 1 and not keep_dims else None
     if outer is not None and _is(outer, _CAT) and _cat_dim(outer) in (1, -1) and len(outer.args) >= 1:
         listed = list(outer.args[0]) if isinstance(outer.args[0], (list, tuple)) else None
         if (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import optimus
@@ -57,3 +58,42 @@ def test_compile_optimus_cell_records_nodes_and_rules(tmp_path: object) -> None:
     assert cell["rules_fired"] and all(n > 0 for n in cell["rules_fired"].values())
     assert cell["optimus_graphs"] == 1  # set only by merge_reports(prepared.reports)
     assert cell["stop_reason"] == "saturated"
+
+
+def test_compile_optimus_records_chunked_groups_in_inference() -> None:
+    """compile+optimus prepares with an Inductor-priced model: an eval-mode module's fused chains
+    are run in chunks (optimus.chunk_stacked), and the cell says how many groups were."""
+
+    class Tower(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.n1, self.l2, self.n2 = (
+                nn.Linear(4, 16),
+                nn.LayerNorm(16),
+                nn.Linear(16, 16),
+                nn.LayerNorm(16),
+            )
+            self.gate = nn.Linear(4, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = F.silu(self.n2(self.l2(F.silu(self.n1(self.l1(x))))))
+            return h * torch.sigmoid(self.gate(x))
+
+    class Towers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.towers = nn.ModuleList(Tower() for _ in range(24))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t(p) for t, p in zip(self.towers, torch.split(x, 4, dim=1), strict=True)], 1)
+
+    torch.manual_seed(0)
+    module = Towers().eval()
+    x = torch.randn(256, 96)  # a member's tower and gate, [256, 32] floats: 32 KiB; 256 KiB chunks
+    with torch.no_grad():
+        expected = module(x)
+    gm, _seconds, fields = modes._optimize_relayout(module, (x,), inductor=True)
+    assert fields["chunked_groups"] == 1
+    assert modes.merge_reports([gm.optimus_report])["chunked_groups"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), expected)

@@ -341,6 +341,15 @@ PATHS: dict[str, Callable[..., Any]] = {
             cost_model=LAUNCH_BOUND, layout=RelayoutParams(), memory_budget_bytes=1 << 40
         )
     ),
+    # eval-mode examples with an Inductor-priced model: fused chains cut into chunks of a member
+    # or two (optimus.chunk_stacked), run eagerly; train-mode examples take the unchunked graph
+    "chunked": _optimize_path(
+        lambda: optimus.OptimusConfig(
+            cost_model=replace(LAUNCH_BOUND, inductor=True),
+            layout=RelayoutParams(),
+            inference_chunk_bytes=64,
+        )
+    ),
     "inductor": _inductor,
     "dynamo": _dynamo_only,
     "changed": _changed_path,
@@ -415,6 +424,8 @@ def run_path(
     for report in reports if isinstance(reports, list) else [reports]:
         for rule, n in report.rules_fired.items():
             fired[rule] = fired.get(rule, 0) + n
+        if getattr(report, "chunked_groups", 0):
+            fired["(chunk_stacked)"] = fired.get("(chunk_stacked)", 0) + report.chunked_groups
     return Result(mismatches, fired, time.perf_counter() - start)
 
 

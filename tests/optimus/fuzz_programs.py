@@ -176,7 +176,9 @@ class Member:
     shared: str = ""  # the tensor a group member shares: EXPERTS key (gate_pool), SLICED key (slice_matmul)
     slot: int = 0  # slice_matmul: the slice e of P[e]
     writes: bool = False  # gate_pool: writes its experts tensor in place after its pooling
-    joined: bool = False  # feature_lookup: its result is also in the layer's concatenation (``lk``)
+    joined: bool = (
+        False  # feature_lookup: also in the layer's concatenation (``lk``); tower/gated: only in ``tw``
+    )
 
 
 @dataclass(frozen=True)
@@ -459,7 +461,21 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         members = [*spec.members, *_checkpointed_group(c)]
         members.sort(key=lambda m: (not mutates_source(m), not m.writes))
         spec = replace(spec, members=tuple(members))
+    # Drawn last: in one program in three the towers' results that nothing else reads are
+    # concatenated into one over-arch input (``tw``), as a ranker's dense arch does, not returned;
+    # the towers of one kind then share one activation, as one family's towers do
+    if c.integer(0, 2) == 0:
+        act = {m.kind: m.variant for m in reversed(spec.members) if _joins_towers(m)}
+        joined = tuple(
+            replace(m, joined=True, variant=act[m.kind]) if _joins_towers(m) else m for m in spec.members
+        )
+        spec = replace(spec, members=joined)
     return spec
+
+
+def _joins_towers(m: Member) -> bool:
+    """A tower or gated tower whose result is read by nothing but the program's return."""
+    return m.kind in ("tower", "gated") and not m.consumer
 
 
 def random_spec(seed: int, max_groups: int = 3) -> Spec:
@@ -748,10 +764,17 @@ def forward_source(spec: Spec) -> str:
         body.insert(0, f"{name} = {IDS[name]}")
     if not outs or any(m.src == "h" for m in members):
         body.insert(0, "h = x * 1.5")
-    joined = [f"e{j}" for j, m in enumerate(members) if m.joined and not m.consumer]
+    joined = [
+        f"e{j}" for j, m in enumerate(members) if m.joined and m.kind == "feature_lookup" and not m.consumer
+    ]
     if len(joined) > 1:  # DeepCTR: torch.cat(sparse_embedding_list, dim=-1), then flattened
         body.append(f"lk = torch.flatten(torch.cat([{', '.join(joined)}], -1), 1)")
         outs.append("lk")
+    towers = [f"o{j}" for j, m in enumerate(members) if m.joined and _joins_towers(m)]
+    if towers:  # the over-arch input: the towers' results side by side, each returned only there
+        outs = [o for o in outs if o not in towers]
+        body.append(f"tw = torch.cat([{', '.join(towers)}], 1)")
+        outs.append("tw")
     outs = outs or ["h"]  # every program returns something
     body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return "\n".join(body)
