@@ -55,7 +55,8 @@ from .normalize import BINARY_POINTWISE, UNARY_POINTWISE, canonicalize
 
 CHUNK_BYTES = 256 * 1024  # per-member bytes x members of one chunk's largest computed value
 # Each chunk is its own few kernels for Inductor to generate and compile (about 0.4 s each on a
-# CPU), so a group is cut into at most this many chunks, whatever ``chunk_bytes`` says.
+# CPU: a fused op reading a stacked parameter at another offset is another kernel), so a graph's
+# groups are cut into about this many chunks in all, whatever ``chunk_bytes`` says.
 MAX_CHUNKS = 8
 
 _BMM = {torch.baddbmm, torch.bmm, "baddbmm", "bmm"}
@@ -189,15 +190,22 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
         found = _per_member(n, out)
         if found is not None:
             kind[n] = found
-    groups = _join(kind)
+    groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
+    # a member count per chunk below which the graph would pass MAX_CHUNKS chunks in all
+    least = math.ceil(sum(_span(g) for g in groups) / MAX_CHUNKS)
     done, notes = 0, list[str]()
     for group in groups:
-        if group.bad is None and _chunk(gm, group, kind, pos, effects, chunk_bytes, notes):
+        if group.bad is None and _chunk(gm, group, kind, pos, effects, max(chunk_bytes, 1), least, notes):
             done += 1
     if done:
         graph.lint()
         gm.recompile()
     return done, notes
+
+
+def _span(group: _Group) -> int:
+    """Members in the group's index space."""
+    return max((group.offset[n] + m.shape[0] for n in group.nodes if (m := _meta(n)) is not None), default=0)
 
 
 def _join(kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> list[_Group]:
@@ -264,6 +272,7 @@ def _chunk(
     pos: dict[fx.Node, int],
     effects: _Effects,
     chunk_bytes: int,
+    least: int,
     notes: list[str],
 ) -> bool:
     members = set(group.nodes)
@@ -273,8 +282,7 @@ def _chunk(
         return False  # no batched GEMM: a leading dim of plain ops may be the batch, not a group
     per_member = max(m.nbytes // m.shape[0] for n in computed if (m := metas[n]) is not None)
     size = {n: m.shape[0] for n, m in metas.items() if m is not None}
-    span = max(group.offset[n] + size[n] for n in size)
-    k = max(2, chunk_bytes // max(per_member, 1), math.ceil(span / MAX_CHUNKS))
+    k = max(2, chunk_bytes // max(per_member, 1), least)
     if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
         return False  # already small, and no seam to remove
     sources = {a for n in group.nodes if kind[n][0] != "cat" for a in kind[n][1] if a not in members}
