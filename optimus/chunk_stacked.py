@@ -387,8 +387,28 @@ def _chunk(
     for n in reversed(group.nodes):
         if not n.users:
             graph.erase_node(n)
+    _drop_dead_views(graph, sources)
     notes.append(f"{label}: in {len(chunks)} chunks of at most {k} members")
     return True
+
+
+def _drop_dead_views(graph: fx.Graph, nodes: set[fx.Node]) -> None:
+    """Erase the views and ``get_attr``s the chunks left unread (the whole stacked inputs), and
+    the views they read in turn: pure, so only dead code; a graph run eagerly would still run it."""
+    stack, erased = list(nodes), set()
+    while stack:
+        n = stack.pop()
+        if n in erased or n.users:
+            continue
+        pure = n.op == "get_attr" or any(
+            _is(n, names) for names in (_DIM_VIEWS, _SHAPE_VIEWS, _PERMUTE, _MOVEDIM)
+        )
+        if not pure:
+            continue
+        inputs = list(n.all_input_nodes)
+        graph.erase_node(n)
+        erased.add(n)
+        stack.extend(inputs)
 
 
 def _maker(graph: fx.Graph, like: fx.Node, args: Any, kwargs: Any) -> Callable[[], fx.Node]:
