@@ -56,7 +56,8 @@ from .normalize import BINARY_POINTWISE, UNARY_POINTWISE, canonicalize
 CHUNK_BYTES = 256 * 1024  # per-member bytes x members of one chunk's largest computed value
 # Each chunk is its own few kernels for Inductor to generate and compile (about 0.4 s each on a
 # CPU: a fused op reading a stacked parameter at another offset is another kernel), so a graph's
-# groups are cut into about this many chunks in all, whatever ``chunk_bytes`` says.
+# groups are cut into about this many chunks in all, shared out by bytes, whatever
+# ``chunk_bytes`` says.
 MAX_CHUNKS = 8
 
 _BMM = {torch.baddbmm, torch.bmm, "baddbmm", "bmm"}
@@ -108,7 +109,7 @@ def _norm_dim(dim: Any, ndim: int) -> int | None:
     return dim % ndim
 
 
-def _per_member(node: fx.Node, out: TensorMeta) -> tuple[str, list[fx.Node]] | None:
+def _acts_per_member(node: fx.Node, out: TensorMeta) -> tuple[str, list[fx.Node]] | None:
     """How ``node`` acts on its leading dim: ("compute"|"view", its inputs indexed by that dim),
     or None when it does not act on each index separately."""
     g, ndim = out.shape[0], len(out.shape)
@@ -187,20 +188,35 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
             if all(p in kind for p in pieces):
                 kind[n] = ("cat", pieces)
             continue
-        found = _per_member(n, out)
+        found = _acts_per_member(n, out)
         if found is not None:
             kind[n] = found
     groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
-    # a member count per chunk below which the graph would pass MAX_CHUNKS chunks in all
-    least = math.ceil(sum(_span(g) for g in groups) / MAX_CHUNKS)
+    # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 8 experts of 256 KiB a
+    # member get more than its 100 adapters of 8 KiB): a group's chunks hold at least this many
+    total = sum(_span(g) * _per_member(g, kind) for g in groups)
     done, notes = 0, list[str]()
     for group in groups:
+        share = max(1, round(MAX_CHUNKS * _span(group) * _per_member(group, kind) / max(total, 1)))
+        least = math.ceil(_span(group) / share)
         if group.bad is None and _chunk(gm, group, kind, pos, effects, max(chunk_bytes, 1), least, notes):
             done += 1
     if done:
         graph.lint()
         gm.recompile()
     return done, notes
+
+
+def _per_member(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> int:
+    """The largest bytes one member takes in a value the group computes (not a view)."""
+    return max(
+        (
+            m.nbytes // m.shape[0]
+            for n in group.nodes
+            if kind[n][0] == "compute" and (m := _meta(n)) is not None
+        ),
+        default=0,
+    )
 
 
 def _span(group: _Group) -> int:
@@ -280,7 +296,7 @@ def _chunk(
     computed = [n for n in group.nodes if kind[n][0] == "compute"]
     if not any(_is(n, _BMM) for n in computed):
         return False  # no batched GEMM: a leading dim of plain ops may be the batch, not a group
-    per_member = max(m.nbytes // m.shape[0] for n in computed if (m := metas[n]) is not None)
+    per_member = _per_member(group, kind)
     size = {n: m.shape[0] for n, m in metas.items() if m is not None}
     k = max(2, chunk_bytes // max(per_member, 1), least)
     if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
