@@ -19,8 +19,9 @@ from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .cost import CostModel
 from .layout_relayout import OWNED_FLAG
+from .memory import estimate
 from .meta import record, value_meta
-from .normalize import lower_modules
+from .normalize import canonicalize, lower_modules
 from .report import OptimusReport
 from .specialized import GUARD, specialize
 from .stop_reason import StopReason
@@ -73,19 +74,28 @@ def optimize_graph_module(
 
 
 def _chunk_stacked(gm: fx.GraphModule, chunk: int, report: OptimusReport, verifier: Verifier | None) -> None:
-    """Run the fused chains in chunks (optimus.chunk_stacked); with ``verify``, checked like any
-    rewrite and undone if the outputs differ."""
-    before = capture.copy_graph(gm.graph) if verifier is not None else None
-    report.chunked_groups, notes = chunk_stacked(gm, chunk)
-    report.notes.extend(notes)
-    if verifier is not None and before is not None and report.chunked_groups:
-        failed = verifier.check(gm)
-        if failed is not None:
-            gm.graph = before
-            gm.recompile()
-            report.chunked_groups = 0
-            report.notes.append(f"chunk_stacked: undone, verify failed: {failed}")
+    """Run the fused chains in chunks (optimus.chunk_stacked), after the rules. With ``verify``
+    it is checked like any rewrite and undone if the outputs differ; if it fails, it is undone
+    and the rules' graph is kept. Its time counts in ``report.seconds``; the estimated peak
+    (``report.live_peak_after``) is taken again when it changed the graph."""
+    start = time.perf_counter()
+    before = capture.copy_graph(gm.graph)
+    try:
+        report.chunked_groups, notes = chunk_stacked(gm, chunk)
+        report.notes.extend(notes)
+        failed = verifier.check(gm) if verifier is not None and report.chunked_groups else None
+    except Exception as exc:  # the rules' graph stands; the pass is an extra
+        failed = f"{type(exc).__name__}: {exc}"
+    if failed is not None:
+        gm.graph = before
+        gm.recompile()
+        report.chunked_groups = 0
+        report.notes.append(f"chunk_stacked: undone: {failed}")
+    elif report.chunked_groups:
+        nodes = list(gm.graph.nodes)
+        report.live_peak_after = estimate(nodes, {n: canonicalize(n) for n in nodes}).peak
     report.nodes_after = len(gm.graph.nodes)
+    report.seconds += time.perf_counter() - start
 
 
 def drop_unused_constants(gm: fx.GraphModule) -> None:

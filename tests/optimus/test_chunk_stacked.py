@@ -94,6 +94,7 @@ def test_chunks_compute_what_the_whole_chain_does() -> None:
     assert any("chunks of at most" in note for note in rep.notes)
     with torch.no_grad():
         torch.testing.assert_close(gm(*inputs), whole(*inputs), rtol=1e-6, atol=1e-7)
+    assert not any(n.target is torch.relu for n in gm.graph.nodes)
     assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
 
 
@@ -232,6 +233,7 @@ def test_a_seam_between_two_groups_is_cut_not_copied() -> None:
     assert done == 1, notes
     assert _dim0_cats(gm) == 0
     assert _count(gm, torch.bmm) == 4  # 6 + 2 members in chunks of 2
+    assert not any(n.target is torch.relu for n in gm.graph.nodes)
     assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
     torch.testing.assert_close(gm(*inputs), module(*inputs), rtol=1e-6, atol=1e-7)
 
@@ -257,7 +259,8 @@ def test_random_tower_arches_chunk_exactly() -> None:
         chunked_any += gm.optimus_report.chunked_groups
         with torch.no_grad():  # a GEMM library may block a smaller batch otherwise: last bits
             torch.testing.assert_close(gm(*inputs), whole(*inputs), rtol=1e-6, atol=1e-7)
-        assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
+        assert not any(n.target is torch.relu for n in gm.graph.nodes)
+    assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
     assert chunked_any >= 3  # the draws above cut most arches
 
 
@@ -289,5 +292,30 @@ def test_experts_handed_back_as_a_contiguous_copy_are_chunked() -> None:
     assert done == 1, notes
     assert _count(gm, torch.baddbmm) == 3
     assert not any(n.target == "clone" for n in gm.graph.nodes)
+    assert not any(n.target is torch.relu for n in gm.graph.nodes)
     assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
     assert_parity(module, gm, inputs)
+
+
+def test_a_failing_pass_leaves_the_rules_graph(monkeypatch: object) -> None:
+    """An error inside the pass undoes it alone: the rules' fused graph is kept and runs."""
+    import pytest
+
+    import optimus.api
+
+    def broken(gm: fx.GraphModule, chunk: int) -> tuple[int, list[str]]:
+        first = next(iter(gm.graph.nodes))
+        with gm.graph.inserting_after(first):
+            gm.graph.call_function(torch.relu, (first,))  # a half-made change, then a failure
+        raise RuntimeError("boom")
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(optimus.api, "chunk_stacked", broken)
+    module, inputs = _model()
+    gm = optimus.optimize(module, inputs, config=_config())
+    rep = gm.optimus_report
+    assert rep.chunked_groups == 0
+    assert any(note.startswith("chunk_stacked: undone: RuntimeError: boom") for note in rep.notes)
+    assert rep.rules_fired.get("batch_linear", 0) + rep.rules_fired.get("merge_shared_linear", 0) >= 1
+    assert not any(n.target is torch.relu for n in gm.graph.nodes)
+    assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
