@@ -3,11 +3,11 @@
 WHY: horizontal fusion computes G members as one op, so G members' intermediates exist at once
 (a ``[G, B, D]`` buffer per layer) where the unfused graph, run by Inductor one member after
 another, holds one member's at a time and writes each result straight into the final ``cat``.
-On towers medium inference that lifted the step's peak by 3.8 MB (+41% of the whole step's
-memory, docs/perf.md "A fused chain in chunks"). Nearly all of fusion's speed under Inductor is
-the batched GEMM's: a chain cut into chunks of 8 members kept it (1.28x against 1.31x of plain
-compile) at +1.5% peak, and the seam ``cat`` where two groups meet one wider group (the sparse
-and dense towers' layer norm) disappears, since no chunk straddles a seam.
+On towers medium inference that lifted the peak by 3.8 MB (+41%, parameters included; docs/perf.md
+"A fused chain in chunks"). Nearly all of fusion's speed under Inductor is the batched GEMM's:
+cut into chunks of 8 members the chain ran faster still (1.43x of plain compile, side by side,
+against 1.33x whole) at +1.4% peak, and the seam ``cat`` where two groups meet one wider group
+(the sparse and dense towers' layer norm) disappears, since no chunk straddles a seam.
 
 What it does, after the rules have converged, only for a graph captured in eval mode and priced
 for Inductor (``optimize_graph_module(..., inference=True)`` with an Inductor cost model):
@@ -17,24 +17,27 @@ for Inductor (``optimize_graph_module(..., inference=True)`` with an Inductor co
   ops whose other operands broadcast over G, views that keep dim 0 (``unflatten``/``select``/
   ``unsqueeze`` off dim 0, a ``reshape``/``view`` keeping G, a ``permute`` keeping dim 0). A
   ``cat`` along dim 0 of region values joins their regions into one index space at offsets;
-* the space is cut at every region's ends and every ``k`` indices, ``k`` = ``chunk_bytes`` over
-  the largest per-member bytes of the group's computed values; each chunk's nodes are emitted in
-  order, chunk after chunk, reading ``narrow`` views of the values outside (stacked parameters,
-  the input views);
+* the space is cut at every region's ends and every ``k`` indices: ``k`` is the larger of
+  ``chunk_bytes`` over the group's largest per-member bytes of a computed value and the group's
+  members over its share of ``MAX_CHUNKS`` (shared out by the groups' bytes); each chunk's nodes
+  are emitted in order, chunk after chunk, reading ``narrow`` views of the values outside
+  (stacked parameters, the input views);
 * a value read outside is rebuilt from its chunks: ``flatten(movedim(v, 0, 1), 1, 2)`` (the
   fused towers' hand-back) becomes the ``cat`` of the chunks' own, spliced into an enclosing
-  ``cat`` on dim 1; anything else reads ``cat(chunks, 0)``.
+  ``cat`` on dim 1; a contiguous copy of ``movedim(v, 0, 1)`` (MMoE's experts) the ``cat`` of
+  the chunks' own ``movedim`` on dim 1.
 
 Each chunk computes each member's values by the same ops on fewer members: dtypes, strides
 (every rebuilt value is new contiguous storage where the original was) and aliasing are as
 before, and values too up to the last bits a GEMM library may round otherwise for a smaller
 batch (as batching itself differs from eager's per-member GEMMs; 1.5e-8 in float32 in
-tests/optimus/test_chunk_stacked.py). It declines (the whole group, said in ``report.notes``) where it cannot show that: an
-effect (mutation, randomness, a grad/autocast switch) placed among the group's nodes, a group
-node or input in the alias class of a value written in place, a group value the graph returns,
-a reader placed before the group's last node, a value read by anything but the hand-back above
-(copying it back whole from the chunks would add the memory chunking saves). Training graphs are left alone: there a chunk's ``narrow`` backward writes zeros over
-the whole stacked gradient per chunk.
+tests/optimus/test_chunk_stacked.py). It declines (the whole group, said in ``report.notes``)
+where it cannot show that: an effect (mutation, randomness, a grad/autocast switch) placed among
+the group's nodes, a group node or input in the alias class of a value written in place, a group
+value the graph returns, a reader placed before the group's last node, a value read by anything
+but a hand-back (copying it back whole from the chunks would add the memory chunking saves).
+Training graphs are left alone: there a chunk's ``narrow`` backward writes zeros over the whole
+stacked gradient per chunk.
 """
 
 from __future__ import annotations
