@@ -181,8 +181,11 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
         ordered_nodes(nodes, canons),
     )
     pos = {n: i for i, n in enumerate(nodes)}
+    effectful = {nodes[i] for i in effects.positions}
     kind: dict[fx.Node, tuple[str, list[fx.Node]]] = {}
     for n in nodes:
+        if n in effectful or n.op not in ("call_function", "call_method", "get_attr", "placeholder"):
+            continue  # an effect is never a member (nor run to learn its meta)
         out = _meta(n)
         if out is None or len(out.shape) < 1 or out.shape[0] < 2:
             continue

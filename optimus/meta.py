@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from .regions import context_kind
+
 _ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 _EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 KEY = "optimus_meta"
@@ -203,6 +205,12 @@ def propagate(node: fx.Node) -> Any:
         if isinstance(whole, tuple) and isinstance(index, int) and -len(whole) <= index < len(whole):
             node.meta[KEY] = whole[index]
             return whole[index]
+
+    if context_kind(node) is not None:
+        # a grad-mode / autocast switch is never run to learn its result's meta: running it would
+        # switch the caller's own mode (an `_enter_autocast` left autocast on after optimize())
+        node.meta[KEY] = None
+        return None
 
     if in_autocast(node):
         # meta tensors carry no autocast dispatch: the dtype computed here would be the one without

@@ -319,3 +319,26 @@ def test_a_failing_pass_leaves_the_rules_graph(monkeypatch: object) -> None:
     assert not any(n.target is torch.relu for n in gm.graph.nodes)
     assert not any(n.target is torch.relu for n in gm.graph.nodes)  # the half-made change is gone
     assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
+
+
+def test_optimize_leaves_the_callers_autocast_alone() -> None:
+    """A graph with an autocast region: the pass reads every node's metadata, and a context
+    node's is never found by running it (that switched autocast on in the caller, seen on fuzz
+    example 7200 as wrong dtypes in every later call)."""
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = self.lin(x)
+            return y.float() * 2
+
+    torch.manual_seed(0)
+    module, x = Mixed().eval(), torch.randn(2, 4)
+    gm = optimus.optimize(module, (x,), config=_config())
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.is_grad_enabled()
+    assert_same_results(module(x), gm(x), [x, *module.parameters()])
