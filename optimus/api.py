@@ -17,11 +17,11 @@ from .call_signature import forward_names
 from .chunk_stacked import chunk_stacked
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
+from .context import RewriteContext
 from .cost import CostModel
 from .layout_relayout import OWNED_FLAG
-from .memory import estimate
 from .meta import record, value_meta
-from .normalize import canonicalize, lower_modules
+from .normalize import lower_modules
 from .report import OptimusReport
 from .specialized import GUARD, specialize
 from .stop_reason import StopReason
@@ -59,7 +59,7 @@ def optimize_graph_module(
         driver.run(gm, config, report, verifier)
         chunk = config.inference_chunk_bytes
         if inference and chunk is not None and getattr(config.cost_model, "inductor", False) is True:
-            _chunk_stacked(gm, chunk, report, verifier)
+            _chunk_stacked(gm, config, chunk, report, verifier)
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc
@@ -73,7 +73,9 @@ def optimize_graph_module(
     return report
 
 
-def _chunk_stacked(gm: fx.GraphModule, chunk: int, report: OptimusReport, verifier: Verifier | None) -> None:
+def _chunk_stacked(
+    gm: fx.GraphModule, config: OptimusConfig, chunk: int, report: OptimusReport, verifier: Verifier | None
+) -> None:
     """Run the fused chains in chunks (optimus.chunk_stacked), after the rules. With ``verify``
     it is checked like any rewrite and undone if the outputs differ; if it fails, it is undone
     and the rules' graph is kept. Its time counts in ``report.seconds``; the estimated peak
@@ -92,8 +94,7 @@ def _chunk_stacked(gm: fx.GraphModule, chunk: int, report: OptimusReport, verifi
         report.chunked_groups = 0
         report.notes.append(f"chunk_stacked: undone: {failed}")
     elif report.chunked_groups:
-        nodes = list(gm.graph.nodes)
-        report.live_peak_after = estimate(nodes, {n: canonicalize(n) for n in nodes}).peak
+        report.live_peak_after = RewriteContext(gm, config.cost_model, config.layout).live.peak
     report.nodes_after = len(gm.graph.nodes)
     report.seconds += time.perf_counter() - start
 

@@ -197,15 +197,17 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
         found = _acts_per_member(n, out)
         if found is not None:
             kind[n] = found
+    # no batched GEMM: a leading dim of plain ops may be the batch, not a group
     groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
     # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 8 experts of 256 KiB a
     # member get more than its 100 adapters of 8 KiB): a group's chunks hold at least this many
-    total = sum(_span(g) * _per_member(g, kind) for g in groups)
+    sized = [(g, _span(g), _per_member(g, kind)) for g in groups]
+    total = sum(span * member for _, span, member in sized)
     done, notes = 0, list[str]()
-    for group in groups:
-        share = max(1, round(MAX_CHUNKS * _span(group) * _per_member(group, kind) / max(total, 1)))
-        least = math.ceil(_span(group) / share)
-        if group.bad is None and _chunk(gm, group, kind, pos, effects, max(chunk_bytes, 1), least, notes):
+    for group, span, member in sized:
+        share = max(1, round(MAX_CHUNKS * span * member / max(total, 1)))
+        k = max(2, max(chunk_bytes, 1) // max(member, 1), math.ceil(span / share))
+        if group.bad is None and _chunk(gm, group, kind, pos, effects, k, notes):
             done += 1
     if done:
         graph.lint()
@@ -293,18 +295,12 @@ def _chunk(
     kind: dict[fx.Node, tuple[str, list[fx.Node]]],
     pos: dict[fx.Node, int],
     effects: _Effects,
-    chunk_bytes: int,
-    least: int,
+    k: int,
     notes: list[str],
 ) -> bool:
     members = set(group.nodes)
     metas = {n: _meta(n) for n in group.nodes}
-    computed = [n for n in group.nodes if kind[n][0] == "compute"]
-    if not any(_is(n, _BMM) for n in computed):
-        return False  # no batched GEMM: a leading dim of plain ops may be the batch, not a group
-    per_member = _per_member(group, kind)
     size = {n: m.shape[0] for n, m in metas.items() if m is not None}
-    k = max(2, chunk_bytes // max(per_member, 1), least)
     if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
         return False  # already small, and no seam to remove
     sources = {a for n in group.nodes if kind[n][0] != "cat" for a in kind[n][1] if a not in members}
