@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from . import chunk_slab
 from .effects import is_effectful, ordered_nodes
 from .meta import TensorMeta, propagate, tensor_meta
 from .normalize import BINARY_POINTWISE, UNARY_POINTWISE, canonicalize
@@ -72,6 +73,7 @@ _PERMUTE = {"permute", torch.permute}
 _CAT = {torch.cat, torch.concat}
 _MOVEDIM = {"movedim", torch.movedim}
 _FLATTEN = {"flatten", torch.flatten}
+_NARROW = {"narrow", torch.narrow}
 
 
 def _is(node: Any, names: set[Any]) -> bool:
@@ -199,20 +201,68 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
             kind[n] = found
     # no batched GEMM: a leading dim of plain ops may be the batch, not a group
     groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
-    # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 8 experts of 256 KiB a
-    # member get more than its 100 adapters of 8 KiB): a group's chunks hold at least this many
-    sized = [(g, _span(g), _per_member(g, kind)) for g in groups]
-    total = sum(span * member for _, span, member in sized)
+    slabs = [_slabs(g, kind, effects) for g in groups]
+    shared = [_kernels_shared(g, kind, found) for g, found in zip(groups, slabs, strict=True)]
+    # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 100 adapters of 8 KiB a
+    # member get fewer than towers' wider members): a group's chunks hold at least this many. A
+    # group whose chunks share their kernels costs no compile time per chunk: it is cut at
+    # ``chunk_bytes`` alone, down to one member a chunk (MMoE's experts, 256 KiB a member).
+    sized = [(_span(g), _per_member(g, kind)) for g in groups]
+    total = sum(span * member for (span, member), free in zip(sized, shared, strict=True) if not free)
     done, notes = 0, list[str]()
-    for group, span, member in sized:
-        share = max(1, round(MAX_CHUNKS * span * member / max(total, 1)))
-        k = max(2, max(chunk_bytes, 1) // max(member, 1), math.ceil(span / share))
-        if group.bad is None and _chunk(gm, group, kind, pos, effects, k, notes):
+    for i, (group, (span, member)) in enumerate(zip(groups, sized, strict=True)):
+        if shared[i]:
+            k = max(1, max(chunk_bytes, 1) // max(member, 1))
+        else:
+            share = max(1, round(MAX_CHUNKS * span * member / max(total, 1)))
+            k = max(2, max(chunk_bytes, 1) // max(member, 1), math.ceil(span / share))
+        if group.bad is None and _chunk(gm, group, kind, pos, effects, k, slabs[i], notes):
             done += 1
     if done:
         graph.lint()
         gm.recompile()
     return done, notes
+
+
+def _sources(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> set[fx.Node]:
+    """The values outside the group that its members read by member (each chunk a ``narrow``)."""
+    members = set(group.nodes)
+    return {a for n in group.nodes if kind[n][0] != "cat" for a in kind[n][1] if a not in members}
+
+
+def _slabs(
+    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], effects: _Effects
+) -> dict[fx.Node, chunk_slab.Slab]:
+    """The group's sources that are column slabs of a linear read by nothing else
+    (:mod:`optimus.chunk_slab`): each chunk computes its own columns."""
+    members = set(group.nodes)
+    return {
+        s: slab
+        for s in _sources(group, kind)
+        if all(u in members for u in s.users) and (slab := chunk_slab.find(s, effects.ordered)) is not None
+    }
+
+
+def _kernels_shared(
+    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], slabs: dict[fx.Node, Any]
+) -> bool:
+    """Whether the group's chunks would be the same kernels for Inductor: every source read at a
+    chunk's offset is a slab (computed afresh per chunk) or reaches only batched GEMMs, through
+    views (a GEMM library call takes its operands at any offset; a generated kernel that reads a
+    stacked parameter bakes the offset in, so each chunk is another kernel to compile)."""
+    members = set(group.nodes)
+
+    def gemm_only(node: fx.Node) -> bool:
+        for u in node.users:
+            if u not in members:
+                return False
+            if _is(u, _BMM):
+                continue
+            if kind[u][0] != "view" or not gemm_only(u):
+                return False
+        return True
+
+    return all(s in slabs or gemm_only(s) for s in _sources(group, kind))
 
 
 def _per_member(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> int:
@@ -296,6 +346,7 @@ def _chunk(
     pos: dict[fx.Node, int],
     effects: _Effects,
     k: int,
+    slabs: dict[fx.Node, chunk_slab.Slab],
     notes: list[str],
 ) -> bool:
     members = set(group.nodes)
@@ -303,7 +354,7 @@ def _chunk(
     size = {n: m.shape[0] for n, m in metas.items() if m is not None}
     if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
         return False  # already small, and no seam to remove
-    sources = {a for n in group.nodes if kind[n][0] != "cat" for a in kind[n][1] if a not in members}
+    sources = _sources(group, kind)
     anchor = max(pos[n] for n in [*group.nodes, *sources])
     readers: dict[fx.Node, list[fx.Node]] = {}
     for n in group.nodes:
@@ -379,12 +430,17 @@ def _chunk(
                 n: fx.Node = n,
                 local: dict[fx.Node, fx.Node] = local,
             ) -> fx.Node:
+                nonlocal cursor
                 if arg not in kind[n][1]:
                     return arg  # broadcast over the group: read whole
                 if arg in members:
                     return local[arg]
                 key = (arg, a, length)
-                if key not in narrowed:
+                if key in narrowed:
+                    return narrowed[key]
+                if arg in slabs:  # the chunk's own columns of the linear
+                    narrowed[key] = cursor = chunk_slab.emit(graph, slabs[arg], a, length, cursor)
+                else:
                     narrowed[key] = emit(lambda: graph.call_function(torch.narrow, (arg, 0, a, length)))
                 return narrowed[key]
 
@@ -406,7 +462,10 @@ def _chunk(
         if not n.users:
             graph.erase_node(n)
     _drop_dead_views(graph, sources)
-    notes.append(f"{label}: in {len(chunks)} chunks of at most {k} members")
+    for slab in slabs.values():
+        chunk_slab.restrict(graph, slab)
+    per_chunk = ", its input's linear computed per chunk" if slabs else ""
+    notes.append(f"{label}: in {len(chunks)} chunks of at most {k} members{per_chunk}")
     return True
 
 
@@ -419,7 +478,7 @@ def _drop_dead_views(graph: fx.Graph, nodes: set[fx.Node]) -> None:
         if n in erased or n.users:
             continue
         pure = n.op == "get_attr" or any(
-            _is(n, names) for names in (_DIM_VIEWS, _SHAPE_VIEWS, _PERMUTE, _MOVEDIM)
+            _is(n, names) for names in (_DIM_VIEWS, _SHAPE_VIEWS, _PERMUTE, _MOVEDIM, _NARROW)
         )
         if not pure:
             continue

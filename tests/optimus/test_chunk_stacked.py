@@ -342,3 +342,20 @@ def test_optimize_leaves_the_callers_autocast_alone() -> None:
     assert not torch.is_autocast_enabled("cpu")
     assert torch.is_grad_enabled()
     assert_same_results(module(x), gm(x), [x, *module.parameters()])
+
+
+def test_chunks_whose_kernels_differ_stay_within_the_graphs_budget() -> None:
+    """The towers' chunks read their stacked layer-norm weights inside generated kernels (a
+    distinct kernel per chunk for Inductor to compile): however small ``chunk_bytes``, the graph
+    is cut into about MAX_CHUNKS chunks, plus the cuts at the seam, not one per member. MMoE's
+    experts, whose parameters only reach GEMM library calls, are cut to one member a chunk
+    (tests/optimus/test_chunk_slab.py)."""
+    import re
+
+    from optimus.chunk_stacked import MAX_CHUNKS
+
+    module, inputs = _model(wide=24, narrow=4)
+    gm = optimus.optimize(module, inputs, config=_config(chunk=1))
+    counts = [int(m.group(1)) for n in gm.optimus_report.notes if (m := re.search(r"in (\d+) chunks", n))]
+    assert counts and sum(counts) <= MAX_CHUNKS + 2, gm.optimus_report.notes
+    assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
