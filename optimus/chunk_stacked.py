@@ -18,10 +18,12 @@ for Inductor (``optimize_graph_module(..., inference=True)`` with an Inductor co
   ``unsqueeze`` off dim 0, a ``reshape``/``view`` keeping G, a ``permute`` keeping dim 0). A
   ``cat`` along dim 0 of region values joins their regions into one index space at offsets;
 * the space is cut at every region's ends and every ``k`` indices: ``k`` is the larger of
-  ``chunk_bytes`` over the group's largest per-member bytes of a computed value and the group's
-  members over its share of ``MAX_CHUNKS`` (shared out by the groups' bytes); each chunk's nodes
-  are emitted in order, chunk after chunk, reading ``narrow`` views of the values outside
-  (stacked parameters, the input views);
+  ``chunk_bytes`` over the group's largest per-member bytes of a computed value, 2, and the group's
+  members over its share of ``MAX_CHUNKS`` (shared out by the groups' bytes); a group whose
+  chunks would share their kernels (:func:`_kernels_shared`) is cut at ``chunk_bytes`` alone,
+  down to one member. Each chunk's nodes are emitted in order, chunk after chunk, reading
+  ``narrow`` views of the values outside (stacked parameters, the input views), or computing
+  its own columns of an input that is a slab of one linear (:mod:`optimus.chunk_slab`);
 * a value read outside is rebuilt from its chunks: ``flatten(movedim(v, 0, 1), 1, 2)`` (the
   fused towers' hand-back) becomes the ``cat`` of the chunks' own, spliced into an enclosing
   ``cat`` on dim 1; a contiguous copy of ``movedim(v, 0, 1)`` (MMoE's experts) the ``cat`` of
@@ -61,7 +63,7 @@ CHUNK_BYTES = 256 * 1024  # per-member bytes x members of one chunk's largest co
 # Each chunk is its own few kernels for Inductor to generate and compile (about 0.4 s each on a
 # CPU: a fused op reading a stacked parameter at another offset is another kernel), so a graph's
 # groups are cut into about this many chunks in all, shared out by bytes, whatever
-# ``chunk_bytes`` says.
+# ``chunk_bytes`` says (groups whose chunks share their kernels excepted).
 MAX_CHUNKS = 8
 
 _BMM = {torch.baddbmm, torch.bmm, "baddbmm", "bmm"}
