@@ -68,3 +68,41 @@ def test_a_model_that_fails_is_a_row_and_the_others_are_measured(
     assert per_call["parity"]["capture"] == "dynamo-subgraphs"
     assert "not comparable" in per_call["gain"]["skipped"]
     assert "error: RuntimeError: boom" in (tmp_path / "outside-gain.md").read_text()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outside_models_in_eval_for_inductor_match_eager(name: str) -> None:
+    """Eval mode, priced for Inductor, with small chunks: the inference-only pass
+    (optimus/chunk_stacked.py, optimus/chunk_slab.py) runs on code this repository did not write.
+    Outputs equal eager's in values, dtype and strides; grad mode and autocast are the caller's.
+    DeepCTR's MMOE is where it cuts a group: its experts' first layers, merged with the gates,
+    computed per chunk."""
+    import torch
+
+    import optimus
+    from optimus.layout_relayout import RelayoutParams
+
+    module, inputs = outside.build(name, seed=0)
+    module.eval()
+    with torch.no_grad():
+        ref = module(*inputs)
+    config = optimus.OptimusConfig(
+        layout=RelayoutParams(),
+        cost_model=optimus.AnalyticCostModel(inductor=True),
+        inference_chunk_bytes=1024,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = optimus.optimize(module, inputs, config=config)
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    with torch.no_grad():
+        got = gm(*inputs)
+    refs, gots = torch.utils._pytree.tree_leaves(ref), torch.utils._pytree.tree_leaves(got)
+    assert len(refs) == len(gots)
+    for a, b in zip(refs, gots, strict=True):
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    if name == "deepctr.MMOE":
+        report = gm.optimus_report
+        assert report.chunked_groups >= 1, report.notes
+        assert any("linear computed per chunk" in n for n in report.notes), report.notes
