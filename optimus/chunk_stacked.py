@@ -203,7 +203,7 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
             kind[n] = found
     # no batched GEMM: a leading dim of plain ops may be the batch, not a group
     groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
-    slabs = [_slabs(g, kind, effects) for g in groups]
+    slabs = [_slabs(g, kind, pos, effects) for g in groups]
     shared = [_kernels_shared(g, kind, found) for g, found in zip(groups, slabs, strict=True)]
     # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 100 adapters of 8 KiB a
     # member get fewer than towers' wider members): a group's chunks hold at least this many. A
@@ -233,16 +233,20 @@ def _sources(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> s
 
 
 def _slabs(
-    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], effects: _Effects
+    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], pos: dict[fx.Node, int], effects: _Effects
 ) -> dict[fx.Node, chunk_slab.Slab]:
     """The group's sources that are column slabs of a linear read by nothing else
-    (:mod:`optimus.chunk_slab`): each chunk computes its own columns."""
+    (:mod:`optimus.chunk_slab`): each chunk computes its own columns. Not where an effect lies
+    between the linear and the group's last node: the chunks compute it later, and a grad-mode or
+    autocast switch in between would change how (the chunks then read ``narrow`` views of it)."""
     members = set(group.nodes)
-    return {
-        s: slab
-        for s in _sources(group, kind)
-        if all(u in members for u in s.users) and (slab := chunk_slab.find(s, effects.ordered)) is not None
-    }
+    last = max(pos[n] for n in group.nodes)
+    found = {}
+    for s in _sources(group, kind):
+        slab = chunk_slab.find(s, effects.ordered) if all(u in members for u in s.users) else None
+        if slab is not None and not any(pos[slab.linear] < p <= last for p in effects.positions):
+            found[s] = slab
+    return found
 
 
 def _kernels_shared(

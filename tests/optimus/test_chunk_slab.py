@@ -162,3 +162,42 @@ def test_emit_and_restrict_compute_the_same_values() -> None:
         assert not any(n is slab.linear for n in graph.nodes), rest
         for a, b in zip(ref, gm(*inputs), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_an_effect_between_the_linear_and_the_chain_keeps_the_linear_whole() -> None:
+    """A grad-mode switch placed after the merged linear: the chunks, which run after the chain,
+    would compute their columns in the other mode. The group is still cut (its chunks read
+    ``narrow`` views of the whole linear, computed where it was), and the values are the same."""
+    from optimus.chunk_stacked import chunk_stacked
+
+    graph = fx.Graph()
+    x, w, b, w2 = (graph.placeholder(n) for n in ("x", "w", "b", "w2"))
+    lin = graph.call_function(F.linear, (x, w, b))
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    src = graph.call_method(
+        "movedim",
+        (
+            graph.call_method("unflatten", (graph.call_function(torch.narrow, (lin, 1, 0, 12)), 1, (3, 4))),
+            1,
+            0,
+        ),
+    )
+    h = graph.call_function(
+        torch.relu, (graph.call_function(torch.bmm, (graph.call_function(torch.relu, (src,)), w2)),)
+    )
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    moved = graph.call_function(torch.movedim, (h, 0, 1))
+    experts = graph.call_function(torch.clone, (moved,), {"memory_format": torch.contiguous_format})
+    gates = graph.call_function(torch.narrow, (lin, 1, 12, 2))
+    graph.output((experts, gates))
+    gm = fx.GraphModule(nn.Module(), graph)
+    inputs = (torch.randn(5, 6), torch.randn(14, 6), torch.randn(14), torch.randn(3, 4, 4))
+    record(gm, inputs)
+    ref = gm(*inputs)
+    done, notes = chunk_stacked(gm, 1)
+    assert done == 1, notes
+    assert not any("per chunk" in n for n in notes), notes
+    assert any(n.target is F.linear for n in gm.graph.nodes)
+    for a, got in zip(ref, gm(*inputs), strict=True):
+        torch.testing.assert_close(got, a, rtol=1e-6, atol=1e-6)
+    assert torch.is_grad_enabled()
