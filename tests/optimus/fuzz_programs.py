@@ -114,7 +114,12 @@ GATE_FORMS = {
 EXPERTS = {
     "stack": "torch.stack([torch.relu(e(x)) for e in self.experts], dim=1)",
     "view": "self.experts_all(x).view(-1, {e}, {d})",  # one Linear to E * D, viewed [B, E, D]
+    # two-layer experts (DeepCTR's MMOE, this repository's mmoe): their first layers and the
+    # gates share x (merge_shared_linear); in eval for Inductor, chunked with the merged GEMM
+    # computed per chunk (optimus/chunk_slab.py). Not drawn with the two above (see generate)
+    "mlp": "torch.stack([torch.relu(f(torch.relu(e(x)))) for e, f in zip(self.experts, self.experts2)], dim=1)",
 }
+EXPERTS_DRAWN = ("stack", "view")  # what a block draws first; "mlp" replaces "stack" last
 N_EXPERTS = 3
 BIG_BATCH = 48  # some programs with an MMoE block run at this batch (see generate)
 # How a slice P[e] multiplies its input (``Member.variant`` of a slice_matmul member); "read" is
@@ -289,7 +294,7 @@ def _gate_pool_group(c: Choices) -> list[Member]:
     task that writes the experts in place after its pooling (no pooling may move across it), and
     grad-mode/autocast regions around some tasks or the whole block (the multiply-sum form is
     batched only without a gradient, and never under autocast)."""
-    form, experts = c.choice(tuple(GATE_FORMS)), c.choice(tuple(EXPERTS))
+    form, experts = c.choice(tuple(GATE_FORMS)), c.choice(EXPERTS_DRAWN)
     block = _weighted(c, BLOCK_REGIONS, 3) if c.integer(0, 1) else None
     members = []
     for _ in range(c.integer(2, 4)):
@@ -297,7 +302,7 @@ def _gate_pool_group(c: Choices) -> list[Member]:
         m = replace(
             m,
             variant=form if c.integer(0, 4) else c.choice(tuple(GATE_FORMS)),
-            shared=experts if c.integer(0, 5) else c.choice(tuple(EXPERTS)),
+            shared=experts if c.integer(0, 5) else c.choice(EXPERTS_DRAWN),
             writes=c.integer(0, 7) == 0,
             region=m.region if block is None else block,
         )
@@ -470,6 +475,13 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
             replace(m, joined=True, variant=act[m.kind]) if _joins_towers(m) else m for m in spec.members
         )
         spec = replace(spec, members=joined)
+    # Drawn after that: in one program in three with stacked one-layer experts, they are two-layer
+    if any(m.shared == "stack" for m in spec.members if m.kind == "gate_pool") and c.integer(0, 2) == 0:
+        two = tuple(
+            replace(m, shared="mlp") if m.kind == "gate_pool" and m.shared == "stack" else m
+            for m in spec.members
+        )
+        spec = replace(spec, members=two)
     return spec
 
 
@@ -823,8 +835,10 @@ def _shared_init(spec: Spec) -> list[str]:
     d, hdim, e = spec.width, spec.hidden, N_EXPERTS
     pooled = {m.shared for m in spec.members if m.kind == "gate_pool"}
     lines = []
-    if "stack" in pooled:
+    if "stack" in pooled or "mlp" in pooled:
         lines += [f"self.experts = nn.ModuleList([nn.Linear({d}, {hdim}) for _ in range({e})])"]
+    if "mlp" in pooled:
+        lines += [f"self.experts2 = nn.ModuleList([nn.Linear({hdim}, {hdim}) for _ in range({e})])"]
     if "view" in pooled:
         lines += [f"self.experts_all = nn.Linear({d}, {e * hdim})"]
     for name in sorted({m.shared for m in spec.members if m.kind == "slice_matmul"}):
