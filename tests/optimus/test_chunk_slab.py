@@ -105,6 +105,10 @@ def _slab_graph(rest: str) -> tuple[fx.GraphModule, fx.Node, tuple[torch.Tensor,
         ]
     elif rest == "narrow":
         outs.append(graph.call_function(torch.narrow, (lin, 1, 12, 4)))
+    elif rest == "both":  # a narrow of the gates' first columns and a split read at its last piece
+        outs.append(graph.call_function(torch.narrow, (lin, 1, 12, 2)))
+        parts = graph.call_function(torch.split, (lin, [14, 2], 1))
+        outs.append(graph.call_function(operator.getitem, (parts, 1)))
     elif rest == "overlap":
         outs.append(graph.call_function(torch.narrow, (lin, 1, 8, 8)))
     elif rest == "whole":
@@ -117,7 +121,7 @@ def _slab_graph(rest: str) -> tuple[fx.GraphModule, fx.Node, tuple[torch.Tensor,
 
 
 def test_find_takes_column_readers_outside_the_slab() -> None:
-    for rest in ("split", "narrow", "none"):
+    for rest in ("split", "narrow", "both", "none"):
         _gm, src, _ = _slab_graph(rest)
         slab = chunk_slab.find(src, set())
         assert slab is not None, rest
@@ -139,7 +143,7 @@ def test_find_declines_overlapping_or_whole_readers() -> None:
 def test_emit_and_restrict_compute_the_same_values() -> None:
     """Chunks of the slab from their own weight rows, and the rest's readers re-pointed to a
     linear of the rest's rows: the graph's outputs are unchanged (last bits aside)."""
-    for rest in ("split", "narrow", "none"):
+    for rest in ("split", "narrow", "both", "none"):
         gm, src, inputs = _slab_graph(rest)
         ref = gm(*inputs)
         slab = chunk_slab.find(src, set())
