@@ -30,6 +30,7 @@ from torch import fx
 
 from .meta import propagate, tensor_meta
 from .normalize import canonicalize
+from .rules._split_cat_util import pieces_of
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Slab:
     offset: int
     width: int
     chain: tuple[fx.Node, ...]  # the views between source and linear: unflatten, narrow?
+    rest: tuple[int, int] = (0, 0)  # the columns [lo, hi) the linear's other readers read
 
 
 def _call(node: Any, name: str) -> bool:
@@ -124,14 +126,14 @@ def find(source: fx.Node, ordered: set[fx.Node]) -> Slab | None:
         return None
     if any(n in ordered for n in [source, *chain, inner, x, weight, *([bias] if bias is not None else [])]):
         return None
-    slab = Slab(source, inner, x, weight, bias, offset, width, tuple(chain))
-    rest = _rest_columns(slab)
+    chain_nodes = (*chain, source)
+    rest = _rest_columns(inner, out_shape[1], chain_nodes)
     if rest is None:
         return None
     lo, hi = rest
     if lo < hi and not (hi <= offset or offset + members * width <= lo):
         return None  # the rest overlaps the slab: computing it again per chunk would not pay
-    return slab
+    return Slab(source, inner, x, weight, bias, offset, width, tuple(chain), rest)
 
 
 def _split_sizes(node: fx.Node, total: int) -> list[int] | None:
@@ -147,30 +149,13 @@ def _split_sizes(node: fx.Node, total: int) -> list[int] | None:
     return None
 
 
-def _is_getitem(node: fx.Node) -> bool:
-    return (
-        node.op == "call_function"
-        and node.target is operator.getitem
-        and isinstance(node.args[1], int)
-        and node.args[1] >= 0
-    )
-
-
-def _indices(split: fx.Node) -> list[int]:
-    """The pieces of ``split`` its ``getitem`` readers take."""
-    return [i for g in split.users if isinstance(i := g.args[1], int)]
-
-
-def _rest_columns(slab: Slab) -> tuple[int, int] | None:
-    """The column range ``[lo, hi)`` the linear's readers outside the slab's chain read
+def _rest_columns(linear: fx.Node, total: int, chain: tuple[fx.Node, ...]) -> tuple[int, int] | None:
+    """The column range ``[lo, hi)`` the linear's readers outside the slab's ``chain`` read
     (``(0, 0)`` when none), or None when a reader is not a column ``narrow`` or a ``split``
     read only by ``getitem``."""
-    total = _shape(slab.linear)
-    if total is None:
-        return None
-    lo, hi = total[1], 0
-    for user in slab.linear.users:
-        if user in slab.chain or user is slab.source:
+    lo, hi = total, 0
+    for user in linear.users:
+        if user in chain:
             continue
         if _call(user, "narrow"):
             cols = _columns(user)
@@ -178,13 +163,12 @@ def _rest_columns(slab: Slab) -> tuple[int, int] | None:
                 return None
             lo, hi = min(lo, cols[0]), max(hi, cols[0] + cols[1])
             continue
-        sizes = _split_sizes(user, total[1])
-        if sizes is None or not all(_is_getitem(g) for g in user.users):
+        sizes = _split_sizes(user, total)
+        pieces = pieces_of(user)
+        if sizes is None or pieces.others or any(not 0 <= i < len(sizes) for i in pieces.items):
             return None
         bounds = list(itertools.accumulate(sizes, initial=0))
-        for i in _indices(user):
-            if i >= len(sizes):
-                return None
+        for i in pieces.items:
             lo, hi = min(lo, bounds[i]), max(hi, bounds[i + 1])
     return (lo, hi) if lo < hi else (0, 0)
 
@@ -218,10 +202,10 @@ def restrict(graph: fx.Graph, slab: Slab) -> None:
     if not linear.users:
         graph.erase_node(linear)
         return
-    rest, total = _rest_columns(slab), _shape(linear)
-    if rest is None or total is None or rest == (0, total[1]):
+    total = _shape(linear)
+    if total is None or slab.rest == (0, total[1]):
         return
-    lo, hi = rest
+    lo, hi = slab.rest
     with graph.inserting_before(linear):
         weight = graph.call_function(torch.narrow, (slab.weight, 0, lo, hi - lo))
         propagate(weight)
@@ -249,8 +233,8 @@ def _repoint_split(graph: fx.Graph, split: fx.Node, narrower: fx.Node, lo: int, 
     sizes = _split_sizes(split, total)
     assert sizes is not None
     bounds = list(itertools.accumulate(sizes, initial=0))
-    used = sorted(_indices(split))
-    first, last = used[0], used[-1] + 1
+    items = pieces_of(split).items
+    first, last = min(items), max(items) + 1
     width = _shape(narrower)
     assert width is not None
     with graph.inserting_before(split):

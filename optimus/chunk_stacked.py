@@ -203,8 +203,11 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
             kind[n] = found
     # no batched GEMM: a leading dim of plain ops may be the batch, not a group
     groups = [g for g in _join(kind) if any(_is(n, _BMM) for n in g.nodes)]
-    slabs = [_slabs(g, kind, pos, effects) for g in groups]
-    shared = [_kernels_shared(g, kind, found) for g, found in zip(groups, slabs, strict=True)]
+    sources = [_sources(g, kind) for g in groups]
+    slabs = [_slabs(g, src, pos, effects) for g, src in zip(groups, sources, strict=True)]
+    shared = [
+        _kernels_shared(g, kind, src, found) for g, src, found in zip(groups, sources, slabs, strict=True)
+    ]
     # MAX_CHUNKS chunks in all, shared out by the groups' bytes (MMoE's 100 adapters of 8 KiB a
     # member get fewer than towers' wider members): a group's chunks hold at least this many. A
     # group whose chunks share their kernels costs no compile time per chunk: it is cut at
@@ -218,7 +221,7 @@ def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[i
         else:
             share = max(1, round(MAX_CHUNKS * span * member / max(total, 1)))
             k = max(2, max(chunk_bytes, 1) // max(member, 1), math.ceil(span / share))
-        if group.bad is None and _chunk(gm, group, kind, pos, effects, k, slabs[i], notes):
+        if group.bad is None and _chunk(gm, group, kind, sources[i], pos, effects, k, slabs[i], notes):
             done += 1
     if done:
         graph.lint()
@@ -233,7 +236,7 @@ def _sources(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> s
 
 
 def _slabs(
-    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], pos: dict[fx.Node, int], effects: _Effects
+    group: _Group, sources: set[fx.Node], pos: dict[fx.Node, int], effects: _Effects
 ) -> dict[fx.Node, chunk_slab.Slab]:
     """The group's sources that are column slabs of a linear read by nothing else
     (:mod:`optimus.chunk_slab`): each chunk computes its own columns. Not where an effect lies
@@ -242,7 +245,7 @@ def _slabs(
     members = set(group.nodes)
     last = max(pos[n] for n in group.nodes)
     found = {}
-    for s in _sources(group, kind):
+    for s in sources:
         slab = chunk_slab.find(s, effects.ordered) if all(u in members for u in s.users) else None
         if slab is not None and not any(pos[slab.linear] < p <= last for p in effects.positions):
             found[s] = slab
@@ -250,7 +253,10 @@ def _slabs(
 
 
 def _kernels_shared(
-    group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]], slabs: dict[fx.Node, Any]
+    group: _Group,
+    kind: dict[fx.Node, tuple[str, list[fx.Node]]],
+    sources: set[fx.Node],
+    slabs: dict[fx.Node, Any],
 ) -> bool:
     """Whether the group's chunks would be the same kernels for Inductor: every source read at a
     chunk's offset is a slab (computed afresh per chunk) or reaches only batched GEMMs, through
@@ -268,7 +274,7 @@ def _kernels_shared(
                 return False
         return True
 
-    return all(s in slabs or gemm_only(s) for s in _sources(group, kind))
+    return all(s in slabs or gemm_only(s) for s in sources)
 
 
 def _per_member(group: _Group, kind: dict[fx.Node, tuple[str, list[fx.Node]]]) -> int:
@@ -349,6 +355,7 @@ def _chunk(
     gm: fx.GraphModule,
     group: _Group,
     kind: dict[fx.Node, tuple[str, list[fx.Node]]],
+    sources: set[fx.Node],
     pos: dict[fx.Node, int],
     effects: _Effects,
     k: int,
@@ -360,7 +367,6 @@ def _chunk(
     size = {n: m.shape[0] for n, m in metas.items() if m is not None}
     if max(size.values()) <= k and not any(kind[n][0] == "cat" for n in group.nodes):
         return False  # already small, and no seam to remove
-    sources = _sources(group, kind)
     anchor = max(pos[n] for n in [*group.nodes, *sources])
     readers: dict[fx.Node, list[fx.Node]] = {}
     for n in group.nodes:
