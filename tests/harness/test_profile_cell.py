@@ -21,6 +21,9 @@ from harness import profile_cell as pc
         ("Memcpy HtoD (Pinned -> Device)", "copy/stack/cat"),
         ("triton_per_fused_native_layer_norm_0", "normalization"),
         ("triton_poi_fused_relu_3", "fused pointwise"),
+        ("graph_0_cpp_fused_relu_sigmoid_1", "fused pointwise"),
+        ("graph_0_cpp_fused_native_layer_norm_0", "normalization"),
+        ("graph_1_cpp_fused_cat_relu_2", "copy/stack/cat"),
         ("TorchDynamo Cache Lookup", "other"),
     ],
 )
@@ -75,3 +78,29 @@ def test_profiles_a_tiny_model_on_cpu(tmp_path: Path) -> None:
     assert opt["ops_per_step"] < eager["ops_per_step"]  # fused: fewer ops per step
     md = (tmp_path / "profile.md").read_text()
     assert "| matmul us |" in md and "## eager+optimus" in md and "rules fired:" in md
+
+
+def test_compiled_kernels_are_rows_of_their_own_on_cpu(tmp_path: Path) -> None:
+    """Inductor's C++ kernels appear by name (``cpp_fused_*``), not only as the opaque
+    ``## Call CompiledFxGraph ##`` row around them."""
+    rc = pc.main(
+        [
+            "--provider",
+            "models.dense_only:build",
+            "--model",
+            "towers",
+            "--modes",
+            "compile",
+            "--steps",
+            "2",
+            "--top",
+            "50",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    (compiled,) = json.loads((tmp_path / "profile.json").read_text())["modes"]
+    kernels = [t for t in compiled["top"] if "cpp_fused" in t["name"]]
+    assert kernels, [t["name"] for t in compiled["top"]]
+    assert all(t["kind"] != "other" for t in kernels)
