@@ -14,7 +14,7 @@ from torch import fx, nn
 from . import caller_state, capture, checkpoint_rng, driver, dynamo_watch, sparse_boundary
 from .builder import CONSTANT_PREFIX
 from .call_signature import forward_names
-from .chunk_stacked import chunk_stacked
+from .chunk_stacked import chunk_lightest
 from .codegen_flat import use_flat_codegen
 from .config import OptimusConfig
 from .context import RewriteContext
@@ -83,7 +83,7 @@ def _chunk_stacked(
     start = time.perf_counter()
     before = capture.copy_graph(gm.graph)
     try:
-        report.chunked_groups, notes = chunk_stacked(gm, chunk)
+        report.chunked_groups, notes = chunk_lightest(gm, chunk)
         report.notes.extend(notes)
         failed = verifier.check(gm) if verifier is not None and report.chunked_groups else None
     except Exception as exc:  # the rules' graph stands; the pass is an extra

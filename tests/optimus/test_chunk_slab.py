@@ -80,6 +80,35 @@ def test_experts_first_layer_is_computed_per_chunk() -> None:
     assert_same_results(module(x), gm(x), [x, *module.parameters()])
 
 
+class _WideHead(nn.Module):
+    """``_MMoE`` under a head far wider than the experts' merged GEMM: the step's peak is the head's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mmoe = _MMoE()
+        self.wide = nn.Linear(2, 4096)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.wide(self.mmoe(x))).sum(dim=1)
+
+
+def test_a_slab_that_does_not_hold_the_peak_keeps_its_linear_whole() -> None:
+    """Per chunk, the merged GEMM would be narrower GEMMs (slower) for no lower peak: the chunks
+    read ``narrow`` views of the whole linear instead, and the report says why."""
+    torch.manual_seed(0)
+    module, x = _WideHead().eval(), torch.randn(32, 12)
+    whole = optimus.optimize(module, (x,), config=_config(None))
+    gm = optimus.optimize(module, (x,), config=_config(32 * 16 * 4))
+    rep = gm.optimus_report
+    assert rep.chunked_groups >= 1
+    assert not any("linear computed per chunk" in n for n in rep.notes), rep.notes
+    assert any(n.startswith("chunk_slab: 1 linear(s) kept whole") for n in rep.notes), rep.notes
+    assert 4 * 16 + 2 * 4 in _widths(gm)  # the experts' first layers and the gates: one GEMM
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), whole(x), rtol=1e-6, atol=1e-6)
+    assert_same_results(module(x), gm(x), [x, *module.parameters()])
+
+
 def test_backward_through_per_chunk_linears_in_eval_mode() -> None:
     torch.manual_seed(0)  # 8 experts: with the members stacked per call, the second layers batch
     module, x = _MMoE(experts=8).eval(), torch.randn(32, 12)

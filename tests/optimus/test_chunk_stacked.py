@@ -309,14 +309,13 @@ def test_a_failing_pass_leaves_the_rules_graph(monkeypatch: object) -> None:
         raise RuntimeError("boom")
 
     assert isinstance(monkeypatch, pytest.MonkeyPatch)
-    monkeypatch.setattr(optimus.api, "chunk_stacked", broken)
+    monkeypatch.setattr(optimus.api, "chunk_lightest", broken)
     module, inputs = _model()
     gm = optimus.optimize(module, inputs, config=_config())
     rep = gm.optimus_report
     assert rep.chunked_groups == 0
     assert any(note.startswith("chunk_stacked: undone: RuntimeError: boom") for note in rep.notes)
     assert rep.rules_fired.get("batch_linear", 0) + rep.rules_fired.get("merge_shared_linear", 0) >= 1
-    assert not any(n.target is torch.relu for n in gm.graph.nodes)
     assert not any(n.target is torch.relu for n in gm.graph.nodes)  # the half-made change is gone
     assert_same_results(module(*inputs), gm(*inputs), [*inputs, *module.parameters()])
 
