@@ -212,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         print("profile_cell: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return exit_codes.BAD_INPUT
     modes.disable_compile_caches()
-    if a.device == "cpu":
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
-        inductor_config.cpp.enable_kernel_profile = True  # each C++ kernel a row (docstring)
+    # each C++ kernel a row (docstring); patched, not set, so a caller's process keeps its config
+    kernel_rows = inductor_config.patch({"cpp.enable_kernel_profile": a.device == "cpu"})
     torch.set_num_threads(a.threads)
     b = cell.build_model(a.provider, a.model, a.scale, a.device, a.seed)
     result: dict[str, Any] = {
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in names:
         print(f"profile_cell: {a.model} {a.scale} {a.phase} {mode} ...", file=sys.stderr, flush=True)
         try:
-            with modes.cost_model(a.cost_model):
+            with modes.cost_model(a.cost_model), kernel_rows:
                 result["modes"].append(profile_mode(b, mode, a.phase == "train", a.device, a.steps, a.top))
         except Exception as e:  # one mode's failure keeps the others
             failed += 1

@@ -196,14 +196,12 @@ def chunk_lightest(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[
     done_without, notes_without, _ = _chunk_all(gm, chunk_bytes, slabs_allowed=False)
     peak_without = _estimated_peak(gm)
     if peak_without <= peak_with:
-        gm.recompile()
         note = (
             f"chunk_slab: {slabbed} linear(s) kept whole: computed per chunk the estimated peak is "
             f"no lower ({peak_with:.0f} B against {peak_without:.0f} B)"
         )
         return done_without, [*notes_without, note]
-    gm.graph = with_slabs
-    gm.recompile()
+    gm.graph = with_slabs  # the setter recompiles
     return done, notes
 
 
@@ -212,13 +210,10 @@ def _estimated_peak(gm: fx.GraphModule) -> float:
     return estimate(nodes, {n: canonicalize(n) for n in nodes}).peak
 
 
-def chunk_stacked(
-    gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES, slabs_allowed: bool = True
-) -> tuple[int, list[str]]:
-    """Cut every stacked region of ``gm`` wider than ``chunk_bytes`` into chunks, in place.
-    Returns (groups chunked, why others were declined). ``slabs_allowed=False``: no input is
-    computed per chunk (:mod:`optimus.chunk_slab`)."""
-    done, notes, _ = _chunk_all(gm, chunk_bytes, slabs_allowed)
+def chunk_stacked(gm: fx.GraphModule, chunk_bytes: int = CHUNK_BYTES) -> tuple[int, list[str]]:
+    """Cut every stacked region of ``gm`` wider than ``chunk_bytes`` into chunks, in place, slabs
+    computed per chunk wherever found. Returns (groups chunked, why others were declined)."""
+    done, notes, _ = _chunk_all(gm, chunk_bytes, slabs_allowed=True)
     return done, notes
 
 
