@@ -119,7 +119,7 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
     return sum(seen.values())
 
 
-def _peak_place(names: list[str]) -> str | None:
+def peak_place(names: list[str]) -> str | None:
     """A short name for where a peak falls, from the profiler events around it (outermost
     first): the outermost one (the autograd node in backward, the op or compiled graph in
     forward) and, when different, the innermost aten op."""
@@ -139,7 +139,7 @@ def _peak_place(names: list[str]) -> str | None:
 
 def cpu_step_peak(step: Callable[[], object]) -> tuple[int, str | None]:
     """Peak bytes allocated by ``step`` above what was allocated when it started (CPU), and
-    where that peak falls (``_peak_place``; None when the step allocated nothing).
+    where that peak falls (``peak_place``; None when the step allocated nothing).
 
     Method: torch.profiler with ``profile_memory=True`` records every allocation and free of
     PyTorch's CPU allocator (eager ops, autograd, Inductor's generated C++ buffers); the
@@ -173,7 +173,7 @@ def cpu_step_peak(step: Callable[[], object]) -> tuple[int, str | None]:
     if at is None:
         return peak, None
     around = sorted((s for s in spans if s[0] <= at <= s[1]), key=lambda s: (s[0], -s[1]))
-    return peak, _peak_place([name for _, _, name in around])
+    return peak, peak_place([name for _, _, name in around])
 
 
 def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:

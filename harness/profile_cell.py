@@ -18,6 +18,10 @@ step), so a breakdown could not tell a fused cat from a layer norm. It adds a
 ``RECORD_FUNCTION`` to each kernel, nearly free while no profiler records (the wall times are
 taken from the same build). Kernels are put into kinds by the ops Inductor names them after.
 
+On CPU each mode also gets the buffers live at its step's memory peak, grouped by where they were
+allocated (``harness.peak_live``): what the compiled forward saved against what the backward
+made, for a cell whose peak rose.
+
 Output: ``profile.json`` (plain JSON, written atomically) and ``profile.md``. It is a diagnosis
 tool, not a timing: the profiler's own overhead inflates small ops, so speedups come from
 ``run``/``ab``, and this says where the time goes.
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import cell, exit_codes, modes
+from harness.peak_live import live_at_peak, markdown_rows
 from optimus.atomic import write_atomic
 
 # (kind, substrings of a lower-cased op or kernel name); the first match wins
@@ -133,6 +138,14 @@ def profile_mode(b: Any, mode: str, train: bool, device: str, steps: int, top: i
         "profiled": "device self time (kernels)" if device == "cuda" else "CPU self time (ops)",
     }
     out.update(breakdown(_rows(prof, device == "cuda"), steps, top))
+    # what holds the step's peak (harness.peak_live); a CUDA cell's figure is max_memory_allocated
+    if device == "cpu":
+        if optimizer is not None:  # the step starts without gradients, as a cell's memory step does
+            optimizer.zero_grad(set_to_none=True)
+        try:
+            out["peak_live"] = live_at_peak(step).as_dict()
+        except RuntimeError as e:  # a missing table, not a failed mode
+            out["peak_live_error"] = str(e)
     reports = prepared.reports
     if reports:
         out.update(modes.merge_reports(reports))
@@ -176,6 +189,10 @@ def markdown(result: dict[str, Any]) -> str:
         for t in m["top"]:
             name = t["name"].replace("|", "/")[:90]
             lines.append(f"| `{name}` | {t['kind']} | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |")
+        if m.get("peak_live"):
+            lines += ["", *markdown_rows(m["peak_live"])]
+        elif m.get("peak_live_error"):
+            lines += ["", f"live at the step's peak: unavailable ({m['peak_live_error']})"]
     return "\n".join(lines) + "\n"
 
 

@@ -53,7 +53,7 @@ def test_peak_place_names_the_op_the_peak_falls_in() -> None:
 
 
 def test_peak_place_shortens_backward_and_compiled_names() -> None:
-    place = measure._peak_place
+    place = measure.peak_place
     names = [
         "autograd::engine::evaluate_function: EmbeddingBagBackward0",
         "EmbeddingBagBackward0",

@@ -78,6 +78,22 @@ def test_profiles_a_tiny_model_on_cpu(tmp_path: Path) -> None:
     assert opt["ops_per_step"] < eager["ops_per_step"]  # fused: fewer ops per step
     md = (tmp_path / "profile.md").read_text()
     assert "| matmul us |" in md and "## eager+optimus" in md and "rules fired:" in md
+    for m in (eager, opt):  # what holds each mode's peak (harness.peak_live)
+        live = m["peak_live"]
+        assert live["peak_step_bytes"] > 0 and live["groups"], live
+        assert sum(g["bytes"] for g in live["groups"]) == live["live_bytes"]
+    assert md.count("live at the step's peak (") == 2
+
+
+def test_a_training_profile_names_the_backward_in_the_live_set(tmp_path: Path) -> None:
+    rc = pc.main(
+        ["--provider", "models.dense_only:build", "--model", "towers", "--phase", "train", "--modes",
+         "eager", "--steps", "2", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert rc == 0
+    (eager,) = json.loads((tmp_path / "profile.json").read_text())["modes"]
+    places = [g["where"] for g in eager["peak_live"]["groups"]]
+    assert any("Backward" in p for p in places), places
 
 
 def test_compiled_kernels_are_rows_of_their_own_on_cpu(tmp_path: Path) -> None:
