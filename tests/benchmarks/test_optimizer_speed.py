@@ -11,6 +11,7 @@ graph (setup). Sizes above 5k nodes are marked slow.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -28,7 +29,9 @@ TOWERS, WIDTH, BATCH = 32, 8, 4
 
 
 def build(nodes: int) -> tuple[fx.GraphModule, torch.Tensor]:
-    """A GraphModule with about ``nodes`` nodes (built directly, with shapes recorded)."""
+    """A GraphModule with about ``nodes`` nodes (built directly, with shapes recorded); seeded, so
+    its parameters and input are the same in every run."""
+    torch.manual_seed(0)
     per_block = TOWERS * 8 + 1
     blocks = max(1, round(nodes / per_block))
     root = nn.Module()
@@ -82,7 +85,13 @@ def test_optimizer_speed(benchmark, nodes: int) -> None:  # type: ignore[no-unty
     )
     assert str(report.stop_reason) == "saturated"
     assert report.rules_fired.get("batch_linear", 0) >= n // (TOWERS * 8 + 1) // 2
-    torch.testing.assert_close(copies[-1](x), gm(x), rtol=1e-4, atol=1e-5)
+    # Each block's layer norm amplifies float32 rounding, so after ~19 blocks the batched GEMM's
+    # rounding reaches 1e-5 in a few of 1024 outputs (it failed an unseeded run at 1.1e-5): judge
+    # both graphs against the float64 result instead of each other.
+    ref = copy.deepcopy(gm).double()(x.double())
+    err_orig = float((gm(x).double() - ref).abs().max())
+    err_opt = float((copies[-1](x).double() - ref).abs().max())
+    assert err_opt <= 4 * err_orig + 1e-6, (err_opt, err_orig)
 
 
 @pytest.mark.slow
