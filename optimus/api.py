@@ -64,8 +64,7 @@ def optimize_graph_module(
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc
         )
-        gm.graph = backup
-        gm.recompile()
+        gm.graph = backup  # the setter recompiles
         report.stop_reason = StopReason.unchanged()
         report.nodes_after = report.nodes_before = len(gm.graph.nodes)
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
@@ -89,8 +88,7 @@ def _chunk_stacked(
     except Exception as exc:  # the rules' graph stands; the pass is an extra
         failed = f"{type(exc).__name__}: {exc}"
     if failed is not None:
-        gm.graph = before
-        gm.recompile()
+        gm.graph = before  # the setter recompiles
         report.chunked_groups = 0
         report.notes.append(f"chunk_stacked: undone: {failed}")
     elif report.chunked_groups:
