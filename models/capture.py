@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,11 +53,6 @@ def capture(module: nn.Module, inputs: Sequence[Tensor]) -> fx.GraphModule:
 
 def count_nodes(gm: fx.GraphModule) -> int:
     return len(gm.graph.nodes)
-
-
-def node_kinds(gm: fx.GraphModule) -> dict[str, int]:
-    """Nodes by op kind (placeholder, call_function, call_method, call_module, get_attr, output)."""
-    return dict(Counter(node.op for node in gm.graph.nodes))
 
 
 def count_dense_nodes(dense: nn.Module, inputs: Sequence[Tensor]) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models import analysis, capture, memory, presets, sparse
+from models import analysis, builder, capture, memory, sparse
 from models.presets import SCALES
 from models.registry import FAMILIES, family
 from models.types import Batch, Built
@@ -77,11 +77,7 @@ def build(
     count_nodes: bool = True,
 ) -> Built:
     """Like `models.build` (same arguments, checks and meta keys), minus the sparse arch."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} is not allowed; allowed: an int >= 0")
-    cfg = presets.resolve(family_name, scale, overrides)
-    dev = torch.device(device)
-    lay = sparse.layout(cfg)
+    cfg, dev, lay = builder.resolve(family_name, scale, device, seed, overrides)
     dense_info = analysis.analyse(family_name, cfg, lay)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -93,22 +89,10 @@ def build(
     nodes = capture.count_dense_nodes(dense, built.dense_inputs(batches[0])) if count_nodes else None
     tables_bytes = memory.STATE_COPIES * lay.embedding_bytes  # no tables here
     built.meta = {
-        "family": family_name,
-        "scale": scale,
-        "seed": seed,
+        **builder.describe(family_name, scale, seed, cfg, lay, dense_info, nodes),
         "provider": "dense_only",
-        "batch_size": cfg["batch_size"],
-        "num_tasks": cfg["num_tasks"],
-        "num_features": lay.num_features,
-        "num_dense_features": cfg["num_dense_features"],
-        "num_tables": lay.num_tables,
-        "embedding_dim": lay.embedding_dim,
         "params": dense_info.dense_params,
-        "dense_params": dense_info.dense_params,
         "embedding_bytes": 0,
-        "dense_nodes": nodes,
-        "flops_per_sample": dense_info.flops_per_sample,
         "est_train_bytes": memory.estimate_bytes(cfg, lay, dense_info) - tables_bytes,
-        "config": cfg,
     }
     return built

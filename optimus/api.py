@@ -11,21 +11,24 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from . import caller_state, capture, checkpoint_rng, driver, dynamo_watch, sparse_boundary
-from .builder import CONSTANT_PREFIX
-from .call_signature import forward_names
-from .chunk_stacked import chunk_lightest
-from .codegen_flat import use_flat_codegen
-from .config import OptimusConfig
-from .context import RewriteContext
-from .cost import CostModel
-from .layout_relayout import OWNED_FLAG
-from .meta import record, value_meta
-from .normalize import lower_modules
-from .report import OptimusReport
-from .specialized import GUARD, specialize
-from .stop_reason import StopReason
-from .verify import Verifier
+from optimus.capture import caller_state, checkpoint_rng, dynamo_watch, sparse_boundary
+from optimus.capture import export as capture
+from optimus.capture.call_signature import forward_names
+from optimus.capture.codegen_flat import use_flat_codegen
+from optimus.capture.specialized import GUARD, specialize
+from optimus.config import OptimusConfig
+from optimus.cost.analytic import CostModel
+from optimus.engine import driver
+from optimus.engine.builder import CONSTANT_PREFIX
+from optimus.engine.context import RewriteContext
+from optimus.engine.verify import Verifier
+from optimus.memory.chunked import chunk_lightest
+from optimus.params.relayout import OWNED_FLAG
+from optimus.report import OptimusReport, StopReason
+from optimus.rules import resolve
+from optimus.semantics.graph_copy import copy_graph, copy_graph_module
+from optimus.semantics.meta import record, value_meta
+from optimus.semantics.normalize import lower_modules
 
 log = logging.getLogger("optimus")
 
@@ -43,7 +46,7 @@ def optimize_graph_module(
 
     ``inference``: the graph was captured from a module in eval mode; priced for Inductor, its
     fused chains then run a few members at a time (``OptimusConfig.inference_chunk_bytes``,
-    :mod:`optimus.chunk_stacked`)."""
+    :mod:`optimus.memory.chunked`)."""
     report = report or OptimusReport()
     if lower_modules(gm):
         gm.recompile()
@@ -52,11 +55,11 @@ def optimize_graph_module(
         if example_inputs is None:
             report.notes.append("verify requested but no example inputs: not verified")
         else:
-            reference = capture.copy_graph_module(gm)
+            reference = copy_graph_module(gm)
             verifier = Verifier(reference, example_inputs, config.seed, config.rtol, config.atol)
-    backup = capture.copy_graph(gm.graph)
+    backup = copy_graph(gm.graph)
     try:
-        driver.run(gm, config, report, verifier)
+        driver.run(gm, config, resolve(config.rules), report, verifier)
         chunk = config.inference_chunk_bytes
         if inference and chunk is not None and getattr(config.cost_model, "inductor", False) is True:
             _chunk_stacked(gm, config, chunk, report, verifier)
@@ -75,12 +78,12 @@ def optimize_graph_module(
 def _chunk_stacked(
     gm: fx.GraphModule, config: OptimusConfig, chunk: int, report: OptimusReport, verifier: Verifier | None
 ) -> None:
-    """Run the fused chains in chunks (optimus.chunk_stacked), after the rules. With ``verify``
+    """Run the fused chains in chunks (optimus.memory.chunked), after the rules. With ``verify``
     it is checked like any rewrite and undone if the outputs differ; if it fails, it is undone
     and the rules' graph is kept. Its time counts in ``report.seconds``; the estimated peak
     (``report.live_peak_after``) is taken again when it changed the graph."""
     start = time.perf_counter()
-    before = capture.copy_graph(gm.graph)
+    before = copy_graph(gm.graph)
     try:
         report.chunked_groups, notes = chunk_lightest(gm, chunk)
         report.notes.extend(notes)
@@ -140,16 +143,16 @@ def optimize(
     (``rules``/``cost_model``/``verify`` here override the config's).
 
     ``optimize`` leaves the caller's world as it found it (the example inputs, every buffer and
-    parameter, submodule attributes, the RNG state; see :mod:`optimus.caller_state`). On the
+    parameter, submodule attributes, the RNG state; see :mod:`optimus.capture.caller_state`). On the
     export path the result checks each call against the inputs and train/eval mode it was
-    captured for, and re-optimizes for a call that differs (see :mod:`optimus.specialized`).
+    captured for, and re-optimizes for a call that differs (see :mod:`optimus.capture.specialized`).
     """
     cfg = make_config(rules, cost_model, verify, config)
     start = time.perf_counter()
     if isinstance(module, fx.GraphModule):
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         with caller_state.preserved(module) as state:
-            gm = capture.copy_graph_module(module)
+            gm = copy_graph_module(module)
             checkpoint_rng.keep_rng(gm)
             if any(value_meta(n) is None for n in gm.graph.nodes if n.op == "placeholder"):
                 try:
@@ -206,7 +209,7 @@ def _capture_around_lookup(
     module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig, boundary: sparse_boundary.Boundary
 ) -> tuple[fx.GraphModule, OptimusReport] | None:
     """Whole-graph capture of a model fed a KeyedJaggedTensor, its EmbeddingBagCollection run
-    eagerly outside the graph (see :mod:`optimus.sparse_boundary`); None when that capture does
+    eagerly outside the graph (see :mod:`optimus.capture.sparse_boundary`); None when that capture does
     not apply or fails (the caller then takes the ordinary path)."""
     with caller_state.preserved(module):
         kjt = caller_state.clone_inputs(inputs)[boundary.index]

@@ -19,31 +19,24 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import checkpoint_rng
-from .config import OptimusConfig
-from .cost import for_inductor
-from .report import OptimusReport
+from optimus.capture import checkpoint_rng
+from optimus.config import OptimusConfig
+from optimus.cost.analytic import for_inductor
+from optimus.report import OptimusReport
 
 log = logging.getLogger("optimus")
-
-# Every report the backends and pre-grad passes of this process made, most recent last (at most
-# 64), for interactive inspection of ``backend="optimus"``. Code that compiles should read the
-# ``reports`` of the backend or pass it made instead (``optimus.backend(...).reports``).
-LAST_REPORTS: list[OptimusReport] = []
 
 
 def _remember(own: list[OptimusReport], report: OptimusReport) -> None:
     own.append(report)
     del own[:-1024]  # the registered backend and pre_grad_pass live as long as the process
-    LAST_REPORTS.append(report)
-    del LAST_REPORTS[:-64]
 
 
 class OptimusBackend:
     """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
 
     ``inner="eager"`` runs each optimized graph as it is, with activation checkpointing as eager
-    PyTorch does it (:mod:`optimus.checkpoint_rng`; Dynamo's own ``backend="eager"`` recomputes a
+    PyTorch does it (:mod:`optimus.capture.checkpoint_rng`; Dynamo's own ``backend="eager"`` recomputes a
     checkpointed block with new random numbers). Any other ``inner`` gets the graph with Dynamo's
     checkpoint op untouched, as Inductor and AOT autograd expect it.
 
@@ -55,14 +48,14 @@ class OptimusBackend:
         if isinstance(inner, str) and inner != "eager":
             raise ValueError(f'inner must be a compiler callable, None (Inductor) or "eager", got {inner!r}')
         cfg = config or OptimusConfig()
-        if inner is None:  # Inductor compiles the result: price for it (optimus.cost.for_inductor)
+        if inner is None:  # Inductor compiles the result: price for it (optimus.cost.analytic.for_inductor)
             cfg = cfg.with_(cost_model=for_inductor(cfg.cost_model))
         self.config = cfg
         self.inner = inner
         self.reports: list[OptimusReport] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-        from .api import optimize_graph_module
+        from optimus.api import optimize_graph_module
 
         # (verify=True seeds the RNG to compare graphs: Dynamo restores the RNG state around
         # compilation, so the caller's stream does not see it)
@@ -85,7 +78,7 @@ class OptimusBackend:
 def backend(config: OptimusConfig | None = None, inner: Any = None) -> OptimusBackend:
     """A torch.compile backend: Optimus on each graph, then ``inner`` (default: Inductor).
 
-    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.for_inductor``);
+    With Inductor as ``inner`` the cost model prices for it (``optimus.cost.analytic.for_inductor``);
     ``inner="eager"`` runs the optimized graphs without a compiler (see :class:`OptimusBackend`).
     Its ``reports`` list what it optimized.
     """
@@ -109,7 +102,7 @@ class OptimusPreGradPass(CustomGraphPass):
         self.reports: list[OptimusReport] = []  # one per graph this pass optimized, in order
 
     def __call__(self, graph: fx.Graph) -> None:
-        from .api import optimize_graph_module
+        from optimus.api import optimize_graph_module
 
         gm = graph.owning_module
         if gm is None:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .chunk_stacked import CHUNK_BYTES
-from .cost import AnalyticCostModel, CostModel
-from .layout import ParamLayout, RuntimeStack
+from optimus.cost.analytic import AnalyticCostModel, CostModel
+from optimus.engine.param_layout import ParamLayout, RuntimeStack
+from optimus.memory.chunked import CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -16,21 +16,21 @@ class OptimusConfig:
     """Options for :func:`optimus.optimize`, the ``"optimus"`` backend and ``pre_grad_pass``.
 
     rules: rule names to run (None: all registered, see ``optimus.RULES``).
-    cost_model: prices candidates; default :class:`~optimus.cost.AnalyticCostModel`; the name
-        ``"measured"`` gives :class:`~optimus.cost_measured.MeasuredCostModel` (calibrated, cached)
+    cost_model: prices candidates; default :class:`~optimus.cost.analytic.AnalyticCostModel`; the name
+        ``"measured"`` gives :class:`~optimus.cost.measured.MeasuredCostModel` (calibrated, cached)
         (its ``min_group``/``max_group`` bound horizontal group sizes).
     verify: run original and rewritten graphs on seeded inputs after every rewrite, comparing
         outputs and gradients; roll back any rewrite that changes them (slower; for debugging).
     max_iterations / max_nodes / time_limit_s: driver limits (reported as the stop reason).
     rtol / atol: override the dtype-aware verify tolerances.
     memory_margin: a rewrite that raises the graph's estimated peak of live bytes (see
-        ``optimus.memory``) is taken only when it saves more than this fraction of its own time
+        ``optimus.memory.live``) is taken only when it saves more than this fraction of its own time
         (0.0: whenever it is faster; 1.0 or more: never).
     memory_budget_bytes: no rewrite may lift the estimated peak above this many bytes (None: no
         budget). Rewrites that add no live bytes are still taken when the graph is over it.
     inference_chunk_bytes: a graph captured in eval mode and priced for Inductor runs each fused
         chain a few members at a time, so its stacked intermediates stay about this size (see
-        ``optimus.chunk_stacked``); None: never.
+        ``optimus.memory.chunked``); None: never.
     """
 
     rules: tuple[str, ...] | None = None
@@ -48,7 +48,7 @@ class OptimusConfig:
     inference_chunk_bytes: int | None = CHUNK_BYTES
 
     def __post_init__(self) -> None:
-        from .rules import REGISTRY
+        from optimus.rules import REGISTRY
 
         if self.rules is not None:
             if isinstance(self.rules, str) or not isinstance(self.rules, Sequence):
@@ -57,13 +57,13 @@ class OptimusConfig:
             if unknown:
                 raise ValueError(f"unknown rule name(s) {unknown}; valid rules: {sorted(REGISTRY)}")
             object.__setattr__(self, "rules", tuple(self.rules))
-        if isinstance(self.cost_model, str):  # "analytic" | "measured" (see optimus.cost_measured)
-            from .cost_measured import cost_model_by_name
+        if isinstance(self.cost_model, str):  # "analytic" | "measured" (see optimus.cost.measured)
+            from optimus.cost.measured import cost_model_by_name
 
             object.__setattr__(self, "cost_model", cost_model_by_name(self.cost_model))
         for name in ("seconds", "min_group", "max_group"):
             if not hasattr(self.cost_model, name):
-                raise ValueError(f"cost_model must provide {name!r} (see optimus.cost.CostModel)")
+                raise ValueError(f"cost_model must provide {name!r} (see optimus.cost.analytic.CostModel)")
         if not isinstance(self.max_iterations, int) or self.max_iterations < 1:
             raise ValueError(f"max_iterations must be a positive int, got {self.max_iterations!r}")
         if self.max_nodes is not None and (not isinstance(self.max_nodes, int) or self.max_nodes < 1):

@@ -1,11 +1,73 @@
-"""OptimusReport: what one optimization did (attached to the GraphModule as ``optimus_report``)."""
+"""OptimusReport: what one optimization did (attached to the GraphModule as ``optimus_report``),
+and StopReason, why the driver stopped, as a value that carries the limit it hit.
+
+WHY a type and not a string: "iteration_limit" alone does not say which limit a run was given,
+so a reader of a results file could not tell a run cut short at 1 round from one cut at 20.
+``str()`` gives the printable form (``saturated``, ``iteration_limit(limit=20)``,
+``time_limit(limit_s=60.0)``), which is what ``OptimusReport.as_dict()`` and the harness record."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
-from .stop_reason import StopKind, StopReason
+
+class StopKind(Enum):
+    SATURATED = "saturated"  # a round changed nothing (or a broken round was rolled back)
+    ITERATION_LIMIT = "iteration_limit"  # OptimusConfig.max_iterations rounds ran
+    NODE_LIMIT = "node_limit"  # the graph grew past max_nodes
+    TIME_LIMIT = "time_limit"  # the driver ran past time_limit_s
+    UNCHANGED = "unchanged"  # optimization failed or could not run: the graph is returned as it was
+    NOT_RUN = "not_run"  # the driver has not run (a fresh report)
+
+
+_LIMIT_NAME = {
+    StopKind.ITERATION_LIMIT: "limit",
+    StopKind.NODE_LIMIT: "limit",
+    StopKind.TIME_LIMIT: "limit_s",
+}
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """``kind``, and for the three limits the ``limit`` in force (rounds, nodes or seconds)."""
+
+    kind: StopKind
+    limit: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.limit is None) == (self.kind in _LIMIT_NAME):
+            raise ValueError(f"stop reason {self.kind.value}: limit {self.limit!r} given or missing wrongly")
+
+    def __str__(self) -> str:
+        if self.limit is None:
+            return self.kind.value
+        return f"{self.kind.value}({_LIMIT_NAME[self.kind]}={self.limit})"
+
+    @classmethod
+    def saturated(cls) -> StopReason:
+        return cls(StopKind.SATURATED)
+
+    @classmethod
+    def unchanged(cls) -> StopReason:
+        return cls(StopKind.UNCHANGED)
+
+    @classmethod
+    def not_run(cls) -> StopReason:
+        return cls(StopKind.NOT_RUN)
+
+    @classmethod
+    def iteration_limit(cls, limit: int) -> StopReason:
+        return cls(StopKind.ITERATION_LIMIT, limit)
+
+    @classmethod
+    def node_limit(cls, limit: int) -> StopReason:
+        return cls(StopKind.NODE_LIMIT, limit)
+
+    @classmethod
+    def time_limit(cls, limit_s: float) -> StopReason:
+        return cls(StopKind.TIME_LIMIT, limit_s)
 
 
 @dataclass
@@ -50,23 +112,20 @@ class OptimusReport:
     # not match it (another input shape or scalar, or a train/eval switch); see specialized.py
     specializations: list[str] = field(default_factory=list)
     rounds: list[RoundRecord] = field(default_factory=list)  # one per driver round, in order
-    # the estimated peak of live tensor bytes (optimus.memory: forward, parameters excluded) of
+    # the estimated peak of live tensor bytes (optimus.memory.live: forward, parameters excluded) of
     # the graph as captured and as optimized; with graph breaks, the largest graph's
     live_peak_before: float = 0.0
     live_peak_after: float = 0.0
-    # vertical chains (optimus.vertical) taken as one rewrite under the memory gate, by name
+    # vertical chains (optimus.engine.vertical) taken as one rewrite under the memory gate, by name
     # ("vertical chain (batch_linear > batch_layer_norm > batch_unary)"); their links count in
     # rules_fired as well
     chains: dict[str, int] = field(default_factory=dict)
     # fused chains an inference graph for Inductor runs a few members at a time
-    # (optimus.chunk_stacked); why others were left whole is in ``notes``
+    # (optimus.memory.chunked); why others were left whole is in ``notes``
     chunked_groups: int = 0
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
-
-    def declined_for(self, reason: str, n: int = 1) -> None:
-        self.declined_reasons[reason] = self.declined_reasons.get(reason, 0) + n
 
     def merge(self, other: OptimusReport) -> None:
         """Aggregate another graph's report into this one (graph breaks)."""

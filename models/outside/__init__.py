@@ -1,4 +1,4 @@
-"""Models this repository did not write: the outside corpus of issue #19.
+"""Models this repository did not write: the outside corpus of.
 
 WHY: the rules' claim is generality. Measured only on our own families it cannot fail, so this
 package builds recommendation models from elsewhere, as their own docs show: DeepCTR-Torch's zoo

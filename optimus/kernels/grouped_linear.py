@@ -42,7 +42,7 @@ def triton_installed() -> bool:
 
 
 def _triton() -> Any:
-    from . import grouped_linear_triton
+    from optimus.kernels import grouped_linear_triton
 
     return grouped_linear_triton
 

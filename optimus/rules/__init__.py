@@ -1,5 +1,6 @@
-"""The rule registry: one table, name -> rule class. Adding a rule = one file + two lines here
-(its import and its entry below; docs/optimus.md, "Adding a rule").
+"""The rule registry: one table, name -> rule class. Adding a rule = one file in the family's
+folder (``batch/``, ``splitcat/`` or ``cleanup/``) + two lines here (its import and its entry
+below; docs/optimus.md, "Adding a rule").
 
 Order matters only for tie-breaking: when the cost model rates two candidates equal, the rule
 listed first wins (the driver is deterministic). Cleanup rules run at the start of every round.
@@ -7,36 +8,36 @@ listed first wins (the driver is deterministic). Cleanup rules run at the start 
 
 from __future__ import annotations
 
-from .base import Candidate, CleanupRule, Cost, HorizontalRule, Rule
-from .batch_embedding import BatchEmbedding
-from .batch_gate_pool import BatchGatePool
-from .batch_layer_norm import BatchLayerNorm
-from .batch_linear import BatchLinear
-from .batch_pointwise import BatchBinary, BatchUnary
-from .batch_size1_linear import BatchSize1Linear
-from .batch_slice_matmul import BatchSliceMatmul
-from .cat_gather import CatGather
-from .cat_pieces import CatPieces
-from .cat_split import CatSplit
-from .cleanup import CommonSubexpression, DeadCode
-from .embedding_index_select import EmbeddingIndexSelect
-from .flatten_cats import FlattenCats
-from .functionalize_inplace import FunctionalizeInplace
-from .group_linear import GroupLinear
-from .matmul_as_linear import MatmulAsLinear
-from .merge_shared_linear import MergeSharedLinear
-from .merge_splits import MergeSplits
-from .noop_dropout import NoopDropout
-from .noop_split_cat import NoopSplitCat
-from .normalize_split_cat import NormalizeSplitCat
-from .reshape_pieces import ReshapePieces
-from .split_cat import SplitCat
-from .split_squeeze import SplitSqueeze
-from .stack_cast_pieces import StackCastPieces
-from .stack_pieces import StackPieces
-from .stack_unbind import StackUnbind
-from .unbind_cat import UnbindCat
-from .vector_matmul import VectorMatmul
+from optimus.engine.rule import Rule
+from optimus.rules.batch.batch_embedding import BatchEmbedding
+from optimus.rules.batch.batch_gate_pool import BatchGatePool
+from optimus.rules.batch.batch_layer_norm import BatchLayerNorm
+from optimus.rules.batch.batch_linear import BatchLinear
+from optimus.rules.batch.batch_pointwise import BatchBinary, BatchUnary
+from optimus.rules.batch.batch_size1_linear import BatchSize1Linear
+from optimus.rules.batch.batch_slice_matmul import BatchSliceMatmul
+from optimus.rules.batch.embedding_index_select import EmbeddingIndexSelect
+from optimus.rules.batch.group_linear import GroupLinear
+from optimus.rules.batch.merge_shared_linear import MergeSharedLinear
+from optimus.rules.batch.vector_matmul import VectorMatmul
+from optimus.rules.cleanup.cleanup import CommonSubexpression, DeadCode
+from optimus.rules.cleanup.functionalize_inplace import FunctionalizeInplace
+from optimus.rules.cleanup.matmul_as_linear import MatmulAsLinear
+from optimus.rules.cleanup.noop_dropout import NoopDropout
+from optimus.rules.splitcat.cat_gather import CatGather
+from optimus.rules.splitcat.cat_pieces import CatPieces
+from optimus.rules.splitcat.cat_split import CatSplit
+from optimus.rules.splitcat.flatten_cats import FlattenCats
+from optimus.rules.splitcat.merge_splits import MergeSplits
+from optimus.rules.splitcat.noop_split_cat import NoopSplitCat
+from optimus.rules.splitcat.normalize_split_cat import NormalizeSplitCat
+from optimus.rules.splitcat.reshape_pieces import ReshapePieces
+from optimus.rules.splitcat.split_cat import SplitCat
+from optimus.rules.splitcat.split_squeeze import SplitSqueeze
+from optimus.rules.splitcat.stack_cast_pieces import StackCastPieces
+from optimus.rules.splitcat.stack_pieces import StackPieces
+from optimus.rules.splitcat.stack_unbind import StackUnbind
+from optimus.rules.splitcat.unbind_cat import UnbindCat
 
 REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round; functionalize_inplace first: it unpins what dce/cse
@@ -93,4 +94,4 @@ def resolve(names: object) -> list[Rule]:
     return [REGISTRY[n]() for n in chosen]
 
 
-__all__ = ["REGISTRY", "Candidate", "CleanupRule", "Cost", "HorizontalRule", "Rule", "resolve"]
+__all__ = ["REGISTRY", "resolve"]

@@ -21,9 +21,9 @@ from torch import fx, nn
 
 import optimus
 from models.synthetic_towers import Towers
-from optimus.capture import copy_graph_module
-from optimus.meta import record
-from optimus.timing import time_block
+from optimus.cost.timing import time_block
+from optimus.semantics.graph_copy import copy_graph_module
+from optimus.semantics.meta import record
 
 TOWERS, WIDTH, BATCH = 32, 8, 4
 

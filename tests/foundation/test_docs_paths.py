@@ -1,8 +1,7 @@
 """Every repository path the architecture document, the README and the "Adding a ..." sections
 name exists.
 
-Why: a how-to that names a file which moved is the first thing a newcomer trips over (issue 14
-found most of the stale claims there). Paths with a placeholder (``models/<name>.py``), paths
+Why: a how-to that names a file which moved is the first thing a newcomer trips over. Paths with a placeholder (``models/<name>.py``), paths
 under ``results/`` (what runs write) and the files an addition creates are not checked.
 """
 

@@ -73,14 +73,14 @@ def test_a_model_that_fails_is_a_row_and_the_others_are_measured(
 @pytest.mark.parametrize("name", NAMES)
 def test_outside_models_in_eval_for_inductor_match_eager(name: str) -> None:
     """Eval mode, priced for Inductor, with small chunks: the inference-only pass
-    (optimus/chunk_stacked.py, optimus/chunk_slab.py) runs on code this repository did not write.
+    (optimus/memory/chunked.py, optimus/memory/chunk_slab.py) runs on code this repository did not write.
     Outputs equal eager's in values, dtype and strides; grad mode and autocast are the caller's.
     DeepCTR's MMOE is where it cuts a group: its experts' first layers, merged with the gates,
     computed per chunk."""
     import torch
 
     import optimus
-    from optimus.layout_relayout import RelayoutParams
+    from optimus.params.relayout import RelayoutParams
 
     module, inputs = outside.build(name, seed=0)
     module.eval()

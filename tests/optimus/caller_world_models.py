@@ -10,7 +10,7 @@ from optimus_helpers import LAUNCH_BOUND
 from torch import nn
 
 import optimus
-from optimus.layout_relayout import RelayoutParams
+from optimus.params.relayout import RelayoutParams
 
 # optimize() under the default layout and under the parameter re-layout (the harness's); the
 # launch-bound cost model makes the rules fire on these small models (so relayout applies)

@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the optimus property tests.
+"""Hypothesis profiles for the optimus property tests, and the shared helpers on the path.
 
 CI runs the ``ci`` profile: 300 examples in total across the property tests. More:
 ``pytest tests/optimus --hypothesis-profile=thorough`` (3000) or
@@ -8,8 +8,14 @@ CI runs the ``ci`` profile: 300 examples in total across the property tests. Mor
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
+
+# The tests mirror the package's layers in subfolders; the shared helpers (optimus_helpers,
+# layout_helpers, the fuzzers) live here, beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _TOTAL = int(os.environ.get("OPTIMUS_HYPOTHESIS_EXAMPLES", "300"))
 _COMMON = {

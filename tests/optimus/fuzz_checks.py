@@ -20,12 +20,12 @@ PATHS (see :data:`PATHS`): ``optimize`` with the default config (``default``), w
 cost model so every rule that can fire does (``optimize``), the same with
 ``layout=RelayoutParams()`` (``relayout``), and ``torch.compile(backend=optimus.backend(inner="eager"))``
 (``backend``; "eager" also runs checkpointed blocks as eager does, which Dynamo's own eager
-backend does not: see ``optimus.checkpoint_rng``). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
+backend does not: see ``optimus.capture.checkpoint_rng``). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
 get and runs the rewritten graph as it is, so a difference is Optimus's rewrite and not Inductor's
 codegen, and an example costs tens of milliseconds instead of an Inductor C++ compile (seconds).
 ``inductor`` (the real ``backend="optimus"`` with Inductor, ``fallback_random`` so random draws
 match eager) is there for a few slow examples. ``gated`` is ``optimize`` with the memory gate on
-(``memory_margin=0.9``, or ``$OPTIMUS_FUZZ_MARGIN``): vertical chains (optimus/vertical.py) are applied together, judged, and
+(``memory_margin=0.9``, or ``$OPTIMUS_FUZZ_MARGIN``): vertical chains (optimus/engine/vertical.py) are applied together, judged, and
 taken or undone (``--paths gated``; not in the default set). ``chained``: the gate on with
 a budget nothing reaches (margin 0), so every vertical chain is taken whole, with the parameters
 re-laid out (each chain tried with the probe layout, then applied again; ``--paths chained``).
@@ -46,7 +46,7 @@ from optimus_helpers import LAUNCH_BOUND
 from torch import nn
 
 import optimus
-from optimus.layout_relayout import RelayoutParams
+from optimus.params.relayout import RelayoutParams
 
 
 @dataclass
@@ -275,15 +275,13 @@ def _optimize_path(config: Callable[[], optimus.OptimusConfig]) -> Callable[...,
 
 def _backend_path(inner: Any = "eager") -> Callable[..., Any]:
     def prepare(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
-        from optimus.backend import LAST_REPORTS
-
         torch._dynamo.reset()
         cfg = optimus.OptimusConfig(cost_model=LAUNCH_BOUND)
         if rules is not None:
             cfg = cfg.with_(rules=tuple(rules))
-        LAST_REPORTS.clear()
-        compiled = torch.compile(module, backend=optimus.backend(cfg, inner=inner), dynamic=False)
-        return compiled, LAST_REPORTS  # filled by the first call
+        chosen = optimus.backend(cfg, inner=inner)
+        compiled = torch.compile(module, backend=chosen, dynamic=False)
+        return compiled, chosen.reports  # filled by the first call
 
     return prepare
 
@@ -292,7 +290,7 @@ def _changed_path(module: nn.Module, example: Sequence[torch.Tensor], rules: Any
     """``optimize`` (re-layout, launch-bound), one call, then every ``nn.Linear`` replaced by a copy
     and every parameter of the model by a new ``nn.Parameter`` object with the same values (what
     a swapped head and ``load_state_dict(assign=True)`` do): the optimized module must now compute
-    with, and send gradients to, the new objects (``optimus.structure_watch``). The first call's effects (RNG, BatchNorm statistics, inputs)
+    with, and send gradients to, the new objects (``optimus.capture.structure_watch``). The first call's effects (RNG, BatchNorm statistics, inputs)
     are undone, so the check sees what the next call does."""
     gm, report = PATHS["relayout"](module, example, rules)
     state, rng = _state(module, example), torch.get_rng_state()
@@ -342,7 +340,7 @@ PATHS: dict[str, Callable[..., Any]] = {
         )
     ),
     # eval-mode examples with an Inductor-priced model: fused chains cut into chunks of a member
-    # or two (optimus.chunk_stacked), run eagerly; train-mode examples take the unchunked graph
+    # or two (optimus.memory.chunked), run eagerly; train-mode examples take the unchunked graph
     "chunked": _optimize_path(
         lambda: optimus.OptimusConfig(
             cost_model=replace(LAUNCH_BOUND, inductor=True),

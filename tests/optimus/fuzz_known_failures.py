@@ -3,7 +3,7 @@
 Each entry is ``name -> (issue-13 item, Spec)``: the smallest program of that construct that the
 fuzz runner's shrinker (or a hand reduction of it) kept failing on the engine at dbcb301.
 ``test_user_program_properties.test_known_failure`` runs them as regression tests (they failed
-before the issue-13 fixes and pass after); ``python tests/optimus/fuzz_known_failures.py`` prints, for each one,
+before their fixes and pass after); ``python tests/optimus/fuzz_known_failures.py`` prints, for each one,
 which checks fail on which path and which rule is responsible, plus its source.
 """
 

@@ -116,7 +116,7 @@ EXPERTS = {
     "view": "self.experts_all(x).view(-1, {e}, {d})",  # one Linear to E * D, viewed [B, E, D]
     # two-layer experts (DeepCTR's MMOE, this repository's mmoe): their first layers and the
     # gates share x (merge_shared_linear); in eval for Inductor, chunked with the merged GEMM
-    # computed per chunk (optimus/chunk_slab.py). Not drawn with the two above (see generate)
+    # computed per chunk (optimus/memory/chunk_slab.py). Not drawn with the two above (see generate)
     "mlp": "torch.stack([torch.relu(f(torch.relu(e(x)))) for e, f in zip(self.experts, self.experts2)], dim=1)",
 }
 EXPERTS_DRAWN = ("stack", "view")  # what a block draws first; "mlp" replaces "stack" last

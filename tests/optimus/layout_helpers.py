@@ -6,7 +6,7 @@ returned tensor that shares memory with an input, a parameter or another output 
 ``assert_same_results`` compares values, dtypes, shapes, strides, ``is_contiguous`` and which
 results overlap in memory with each other and with the inputs/parameters; ``assert_meta_matches``
 runs a GraphModule node by node and checks that the shape, dtype and strides the engine recorded
-for each node (``optimus.meta.value_meta``) are what actually runs.
+for each node (``optimus.semantics.meta.value_meta``) are what actually runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from optimus.meta import TensorMeta, value_meta
+from optimus.semantics.meta import TensorMeta, value_meta
 
 
 def _flat(value: Any) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 
 import optimus
-from optimus.cost import AnalyticCostModel, DeviceConstants
+from optimus.cost.analytic import AnalyticCostModel, DeviceConstants
 
 # A launch-dominated device: every rewrite that saves launches is rated a win, so rule tests
 # exercise the rewrite itself (the default model's declines are tested separately).
@@ -81,10 +81,10 @@ def Fn(fn: Any, **params: torch.Tensor) -> nn.Module:
 def rule_keys(module: nn.Module, inputs: Sequence[torch.Tensor], rule_name: str) -> list[Any]:
     """The horizontal-group key ``rule_name`` gives each node of the traced module (None: declined).
     Nodes with different keys can never be fused together, whatever the cost model says."""
-    from optimus.context import RewriteContext
-    from optimus.meta import record
-    from optimus.normalize import lower_modules
+    from optimus.engine.context import RewriteContext
     from optimus.rules import REGISTRY
+    from optimus.semantics.meta import record
+    from optimus.semantics.normalize import lower_modules
 
     gm = fx.symbolic_trace(module)
     record(gm, tuple(inputs))

@@ -11,7 +11,7 @@ from optimus_helpers import LAUNCH_BOUND, Fn, assert_parity
 from torch import fx, nn
 
 import optimus
-from optimus.normalize import canonicalize
+from optimus.semantics.normalize import canonicalize
 
 FAMILY = [
     "normalize_split_cat",

@@ -192,7 +192,7 @@ def test_a_model_dynamo_cannot_run_comes_back_unchanged(monkeypatch: pytest.Monk
     """If neither export nor torch.compile can capture the model, optimize() still returns a
     GraphModule that runs it, with the reason in the report (it never raises for the model)."""
     import optimus.api as api
-    import optimus.capture as capture
+    import optimus.capture.export as capture
 
     def no_export(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("export unavailable")

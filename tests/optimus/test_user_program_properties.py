@@ -261,7 +261,7 @@ def test_user_programs_half_precision(spec: Spec, float16: bool) -> None:
 def test_programs_follow_parameters_replaced_after_optimize(seed: int) -> None:
     """The ``changed`` path: every parameter replaced by a new object after ``optimize`` and one
     call (``load_state_dict(assign=True)``); the optimized module must compute with the new
-    objects and send their gradients there. Without ``optimus.structure_watch`` every seed fails
+    objects and send their gradients there. Without ``optimus.capture.structure_watch`` every seed fails
     (``grad_presence``: the gradients went to the old objects)."""
     assert _failures(random_spec(seed), ("changed",), torch.float32) == []
 

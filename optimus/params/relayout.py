@@ -1,0 +1,233 @@
+"""RelayoutParams: a one-time parameter re-layout, the zero-runtime-cost ParamLayout (opt-in).
+
+WHY: :class:`~optimus.engine.param_layout.RuntimeStack` copies every fused weight into a stacked tensor on each
+forward (and scatters the gradient back on each backward). Here the copy is made once, when
+``optimize()`` fuses: the G parameters are stored in ONE contiguous ``nn.Parameter`` laid out the way
+the batched op wants it (``[G, K, N]`` for ``baddbmm``), and the graph reads it with a ``get_attr``.
+The user's original ``nn.Parameter`` objects are kept (same Python objects) but their ``.data`` is
+re-pointed to views into that storage, so:
+
+* ``module.state_dict()`` / ``load_state_dict`` / checkpoints keep their keys and shapes (loading
+  writes through the views into the stacked storage); the output GraphModule's ``state_dict`` hides
+  the internal stacked tensors, so it has exactly the keys of the unfused model;
+* optimizers hold the original parameters: one built BEFORE ``optimize()`` keeps working (its state
+  is keyed by the same objects), and so does one built after, from ``module.parameters()`` or from
+  the GraphModule's ``parameters()``;
+* gradients reach each original parameter's ``.grad`` through hooks on the stacked parameter,
+  as views of one gradient tensor per group; ``requires_grad`` flags and the members' own gradient
+  hooks are honoured (:mod:`optimus.params.group`). For groups of small members
+  (``REUSE_MAX_MEMBER_BYTES`` per member on average: tower weights, biases, LayerNorm affines) the
+  gradient tensor is kept between steps (its views are made once; about 0.45 us per member saved
+  per backward); ``retained_gradient_buffers`` lists it, so a memory benchmark can count it;
+* ``.to()``, ``load_state_dict(..., assign=True)``, ``deepcopy`` and ``requires_grad_`` after
+  ``optimize()``: a per-call check re-establishes the views from the parameters' current values
+  (:mod:`optimus.params.contract`; docs/optimus.md, "The re-layout and PyTorch's parameter
+  contract").
+
+When it declines (falls back to ``RuntimeStack``): the parameters are not ``get_attr`` of a
+GraphModule that ``optimize()`` owns (the torch.compile backend and Inductor's pre-grad pass see
+parameters as graph inputs or as another module's attributes: re-pointing them there is not safe);
+``verify=True``; a parameter repeats, is not a leaf ``nn.Parameter``, or already lives in another
+re-laid-out group in a different order; the parameters differ in dtype, device, shape or
+``requires_grad``; a new group of fewer than ``MIN_TRAINABLE_MEMBERS`` parameters that require
+grad (the backward's gradient hand-off costs more than it saves).
+
+Why opt-in, not the default: ``torch.autograd.grad(loss, model.parameters())`` (and torch.func
+transforms) differentiate w.r.t. the original parameter objects, which are no longer in the
+autograd graph (the stacked parameter is): they get ``None``. Only ``.backward()``-style training
+sees the gradients (through the hooks). The core's parity helper uses ``autograd.grad`` and fails
+with this layout as the default, so a default switch would silently change that API's results.
+
+The re-layout is made outside ``torch.inference_mode()`` even when ``optimize()`` runs inside it,
+so the stacked storage and the views are normal tensors that can be trained afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from torch import fx, nn
+
+from optimus.engine.builder import free_attr_name
+from optimus.engine.param_layout import RuntimeStack
+from optimus.params import contract as relayout_contract
+from optimus.params.group import GROUP_ATTR, STACKED_GROUP_ATTR, _Group, _Kind, new_group, still_views
+
+if TYPE_CHECKING:
+    import torch
+
+    from optimus.engine.builder import Builder
+    from optimus.engine.context import RewriteContext
+
+OWNED_FLAG = "_optimus_relayout_ok"  # set on GraphModules that optimize() owns (see api.py)
+PREFIX = "_optimus_stacked_"
+__all__ = [
+    "GROUP_ATTR",
+    "OWNED_FLAG",
+    "PREFIX",
+    "STACKED_GROUP_ATTR",
+    "RelayoutParams",
+    "retained_gradient_buffers",
+]
+# Copying a member's gradient into the kept buffer costs about 0.03 ns/byte on this CPU; making
+# its view costs about 450 ns. Below this size per member the copy is the cheaper of the two.
+REUSE_MAX_MEMBER_BYTES = 8192
+# Fewest members of a new group of trainable parameters (requires_grad) worth re-laying out. Each
+# backward hands the stacked gradient to the members through a Python hook, a fixed cost per
+# group that the forward-only cost model does not see. Measured (results/outside-corpus/README.md,
+# G parallel Linear(72, 24) -> relu -> Linear(24, 32) branches, training steps, re-laid out and
+# fused vs separate): G = 2 0.76x, G = 3 1.02x, G = 4 1.24x, G = 8 1.76x. Smaller trainable groups
+# fall back to the per-call stack, which the cost model prices (and declines where it does not pay).
+MIN_TRAINABLE_MEMBERS = 3
+
+
+def _hide_from_state_dict(gm: fx.GraphModule) -> None:
+    """The GraphModule's state_dict has exactly the unfused model's keys (stacked storage hidden)."""
+    if getattr(gm, "_optimus_state_hooks", False):
+        return
+
+    def drop(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        for key in [k for k in state if k.startswith(prefix + PREFIX)]:
+            del state[key]
+
+    def ignore_missing(module: nn.Module, incompatible: Any) -> None:
+        incompatible.missing_keys[:] = [
+            k for k in incompatible.missing_keys if not k.split(".")[-1].startswith(PREFIX)
+        ]
+
+    gm._register_state_dict_hook(drop)
+    gm.register_load_state_dict_post_hook(ignore_missing)
+    object.__setattr__(gm, "_optimus_state_hooks", True)
+
+
+class RelayoutParams:
+    """ParamLayout that re-lays fused parameters out once (see module docstring). Opt-in:
+    ``optimus.optimize(m, x, config=OptimusConfig(layout=RelayoutParams()))``."""
+
+    def __init__(self) -> None:
+        self.fallback = RuntimeStack()
+
+    @staticmethod
+    def _group_of(p: nn.Parameter) -> tuple[_Group, int] | None:
+        """(group, index) of a parameter already re-laid out (by any RelayoutParams), else None."""
+        entry = getattr(p, GROUP_ATTR, None)
+        return entry if isinstance(entry, tuple) else None
+
+    # -- can we? ---------------------------------------------------------------------------------
+    def _members(self, params: Sequence[fx.Node], kind: _Kind) -> list[nn.Parameter] | None:
+        """The parameters behind ``params`` if they can be (or already are) laid out as ``kind``."""
+        if len(params) < 2 or any(p.op != "get_attr" for p in params):
+            return None
+        gm = params[0].graph.owning_module
+        if gm is None or not getattr(gm, OWNED_FLAG, False):
+            return None
+        found: list[nn.Parameter] = []
+        for node in params:
+            try:
+                value = gm.get_parameter(str(node.target))
+            except AttributeError:
+                return None
+            if not isinstance(value, nn.Parameter) or not value.is_leaf:
+                return None
+            found.append(value)
+        first = found[0]
+        if first.requires_grad and len(found) < MIN_TRAINABLE_MEMBERS and self._group_of(first) is None:
+            return None  # the gradient hand-off costs more than the group saves (see the constant)
+        if len({id(p) for p in found}) != len(found):
+            return None  # a repeated parameter: RuntimeStack's broadcast view is already free
+        for p in found:
+            if p.dtype != first.dtype or p.device != first.device or p.requires_grad != first.requires_grad:
+                return None
+            if kind.op == "stack" and p.shape != first.shape:
+                return None
+            if kind.op == "cat" and (p.dim() < 1 or p.shape[1:] != first.shape[1:]):
+                return None
+            if kind.op == "stack" and kind.transpose and p.dim() != 2:
+                return None
+        placed = [self._group_of(p) for p in found]
+        if any(entry is not None for entry in placed) and not self._same_group(found, placed, kind):
+            return None
+        return found
+
+    @staticmethod
+    def _same_group(found: list[nn.Parameter], placed: list[Any], kind: _Kind) -> bool:
+        group = placed[0][0] if placed[0] is not None else None
+        if group is None or group.kind != kind or len(group.members) != len(found):
+            return False
+        return all(e is not None and e[0] is group and e[1] == i for i, e in enumerate(placed)) and (
+            still_views(group)
+        )
+
+    # -- ParamLayout ---------------------------------------------------------------------------
+    def _get(self, params: Sequence[fx.Node], b: Builder, kind: _Kind) -> fx.Node | None:
+        members = self._members(params, kind)
+        if members is None:
+            return None
+        gm = b.ctx.gm
+        entry = self._group_of(members[0])
+        group = entry[0] if entry is not None else new_group(members, kind, REUSE_MAX_MEMBER_BYTES)
+        name = next((n for n, p in gm._parameters.items() if p is group.stacked), None)
+        if name is None:
+            name = free_attr_name(gm, PREFIX)
+            gm.register_parameter(name, group.stacked)
+            _hide_from_state_dict(gm)
+            relayout_contract.bind(gm, name, group, [str(p.target) for p in params], REUSE_MAX_MEMBER_BYTES)
+        with b.graph.inserting_before(b.anchor):
+            return b._add(b.graph.get_attr(name))
+
+    def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
+        node = self._get(params, b, _Kind("stack", transpose))
+        base = _transposed_params(params)
+        if node is None and base is not None:  # stack of W_i.t() = W_i laid out the other way
+            node = self._get(base, b, _Kind("stack", not transpose))
+        return node if node is not None else self.fallback.stacked(params, b, transpose)
+
+    def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
+        node = self._get(params, b, _Kind("cat"))
+        return node if node is not None else self.fallback.concatenated(params, b)
+
+    def concatenation_is_free(self, weights: Sequence[fx.Node]) -> bool:
+        """Whether ``concatenated`` of these weights (and so of their biases, which follow them
+        into a group the same way) is a ``get_attr`` (asked by merge_shared_linear's cost)."""
+        return self._members(weights, _Kind("cat")) is not None
+
+    def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
+        if self._members(params, _Kind("stack", transpose)) is not None:
+            return 0.0  # a get_attr: nothing runs
+        base = _transposed_params(params)
+        if base is not None and self._members(base, _Kind("stack", not transpose)) is not None:
+            return 0.0
+        return self.fallback.launches(params, transpose)
+
+    def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
+        # the transposed and plain layouts accept the same parameters (2-D weights checked in
+        # launches, which batch_linear always asks with transpose=True)
+        if self._members(params, _Kind("stack")) is not None:
+            return 0.0
+        base = _transposed_params(params)
+        if base is not None and self._members(base, _Kind("stack")) is not None:
+            return 0.0
+        return self.fallback.bytes_moved(params, ctx)
+
+
+def _transposed_params(params: Sequence[fx.Node]) -> list[fx.Node] | None:
+    """The parameters behind ``[W_1.t(), ...]`` (as ``matmul_as_linear`` writes weights), else None."""
+    base = []
+    for p in params:
+        if p.op != "call_method" or p.target != "t" or len(p.args) != 1 or not isinstance(p.args[0], fx.Node):
+            return None
+        base.append(p.args[0])
+    return base
+
+
+def retained_gradient_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """Gradient buffers re-laid-out groups keep between steps (see the module docstring): memory
+    the unfused model would have freed at ``zero_grad(set_to_none=True)``. For memory
+    accounting; one tensor per group that currently keeps one."""
+    found: list[torch.Tensor] = []
+    for p in module.parameters():
+        group = getattr(p, STACKED_GROUP_ATTR, None)
+        if isinstance(group, _Group) and group.grad_buf is not None:
+            found.append(group.grad_buf)
+    return found
