@@ -3,7 +3,7 @@
 Why: the default ``reproduce`` runs at ``tiny`` scale so it finishes in minutes on a laptop, and
 at that scale compile times and speedups are small. The paper-scale figures (for example the
 compile time saved on dcn ``large`` training) live in the committed results folders (the newest
-runs of all families: ``results/reproduce-medium-chunked`` and ``results/reproduce-large-chunked``). This reads those JSON files (never
+runs of all families: ``results/medium`` and ``results/large``). This reads those JSON files (never
 hard-coded figures) and renders them with the commit and date they were measured at, so a
 newcomer sees both the run they just made and what the same command gives at scale.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from harness import paper, results
 
 REFERENCE_RUNS = (
-    ("reproduce-medium-chunked", "reproduce-medium"),
-    ("reproduce-large-chunked", "reproduce-large"),
+    ("medium", "reproduce-medium"),
+    ("large", "reproduce-large"),
 )
 """(folder under ``results/``, stem): each folder holds ``<stem>.json`` from ``optimus-bench reproduce``."""
 

@@ -202,7 +202,7 @@ class _TableCache:
 
     WHY: building a table means a host tensor, a pinned copy and a host-to-device copy per
     launch. On an H200 in a compiled 0.35 ms dlrm `tiny` step that host work made the step
-    slower than the separate GEMMs it replaced (results/gpu-run/). A compiled step's buffers
+    slower than the separate GEMMs it replaced (results/gpu/). A compiled step's buffers
     come back from the caching allocator at the same addresses call after call, so the same
     table recurs, and a table whose contents equal the key is correct to reuse whatever it
     came from: the kernel only reads it. Least recently used tables are dropped past

@@ -102,4 +102,4 @@ def test_reproduce_writes_table_report_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "repro.md").exists() and len(list(tmp_path.glob("repro_*.png"))) == 3
     beside = "## Beside the committed reference runs"  # the paper-scale figures next to this tiny run
     assert beside in out.stdout and beside in (tmp_path / "repro.md").read_text()
-    assert "### `results/reproduce-large-chunked/reproduce-large.json`: scale large, commit " in out.stdout
+    assert "### `results/large/reproduce-large.json`: scale large, commit " in out.stdout

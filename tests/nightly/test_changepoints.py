@@ -142,7 +142,7 @@ def test_noise_measured_from_the_committed_tiny_runs() -> None:
     from harness import results
     from harness.replay import noise_from_results
 
-    a = results.load("results/examples/reproduce-tiny.json")
-    b = results.load("results/reproduce-tiny/reproduce-tiny.json")
+    a = results.load("results/tiny/at-32c82f5.json")
+    b = results.load("results/tiny/reproduce-tiny.json")
     noise, cells = noise_from_results(a, b)
     assert cells == 40 and 0.03 < noise < 0.06  # 4.8%: the 4.5% is in range
