@@ -5,8 +5,8 @@ nothing: ``None`` from a hook, or no candidates. Rules never edit existing nodes
 ones through a :class:`~optimus.engine.builder.Builder` and return what replaces what; the engine rewires
 users, keeps ``node.meta`` right, checks the cost, and can undo the rewrite (verify/rollback).
 
-Each candidate (:class:`~optimus.engine.candidate.Candidate`, re-exported here) carries its cost *before*
-and *after* (:class:`~optimus.engine.candidate.Cost`: launches, bytes, FLOPs) so the
+Each candidate (:class:`~optimus.engine.candidate.Candidate`, imported here for rule files) carries
+its cost *before* and *after* (:class:`~optimus.cost.price.Cost`: launches, bytes, FLOPs) so the
 cost model can rate it; the driver applies the best-rated candidates first and skips any it rates
 no faster.
 
@@ -41,8 +41,9 @@ adds it to a scratch copy of the repository and runs it)::
             nbytes = 2 * sum(ctx.meta(n).nbytes for n in nodes)
             return Cost(launches=len(nodes), bytes=nbytes), Cost(launches=2, bytes=2 * nbytes)
 
-then add two lines to ``optimus/rules/__init__.py``: ``from .batch_exp import BatchExp`` and the
-entry ``"batch_exp": BatchExp,`` in ``REGISTRY``.
+as ``optimus/rules/batch/batch_exp.py``, then add two lines to ``optimus/rules/__init__.py``:
+``from optimus.rules.batch.batch_exp import BatchExp`` and the entry ``"batch_exp": BatchExp,`` in
+``REGISTRY``.
 
 A cleanup rule (dead code, CSE) is a whole-graph pass run each round, ``run(ctx) -> changes``.
 """
