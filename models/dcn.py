@@ -15,9 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, feature_split, mlp
+from models.layers import adapted_input, feature_adapters, mlp
 from models.sparse import SparseLayout
-from models.widths import widths
 
 FIELDS: dict[str, Field] = {
     "structure": Field("str", "cross and deep arrangement", choices=("stacked", "parallel")),
@@ -58,15 +57,7 @@ class LowRankCross(nn.Module):
 class DCNDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
-        n, adapter = lay.num_features, int(cfg["adapter_dim"])
-        self.split = feature_split(lay)
-        adapter_widths = widths(cfg, n, "adapters", adapter) if adapter else ()  # hetero: drawn
-        self.adapters = (
-            PerFeatureTowers(lay.feature_dims, adapter_widths, 1, norm=True, act=False, gate=False)
-            if adapter
-            else None
-        )
-        width = (sum(adapter_widths) if adapter else lay.pooled_dim) + int(cfg["num_dense_features"])
+        self.split, self.adapters, width = feature_adapters(cfg, lay, act=False)
         self.cross = nn.ModuleList(
             LowRankCross(width, int(cfg["cross_rank"])) for _ in range(cfg["cross_layers"])
         )
@@ -76,11 +67,7 @@ class DCNDense(nn.Module):
         self.head = nn.Linear(head_in, int(cfg["num_tasks"]))
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
-        if self.adapters is not None:
-            feats = self.adapters(torch.split(pooled, self.split, dim=1))
-            x0 = torch.cat([*feats, dense_features], dim=1)
-        else:
-            x0 = torch.cat([pooled, dense_features], dim=1)
+        x0 = adapted_input(self.adapters, self.split, dense_features, pooled)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)

@@ -8,12 +8,14 @@ predictable (about 7 FX nodes per Linear->LayerNorm->act layer, parameters inclu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from models.sparse import SparseLayout
+from models.widths import widths
 
 
 def mlp(in_dim: int, widths: Sequence[int], last_act: bool = True) -> nn.Sequential:
@@ -90,3 +92,29 @@ def feature_split(lay: SparseLayout) -> int | list[int]:
     """The ``torch.split`` argument that cuts the pooled embeddings into features: the one
     embedding dim (uniform configs: the graph stays exactly what it was) or every feature's dim."""
     return list(lay.feature_dims) if lay.table_dims else lay.embedding_dim
+
+
+def feature_adapters(
+    cfg: Mapping[str, Any], lay: SparseLayout, act: bool
+) -> tuple[int | list[int], PerFeatureTowers | None, int]:
+    """The per-feature ``Linear -> LayerNorm [-> SiLU]`` adapters in front of an interaction
+    (``adapter_dim`` 0: none): (the split of the pooled embeddings, the adapters or None, the
+    width of the input they make with the dense features). DCN and MMoE build them alike."""
+    n, adapter = lay.num_features, int(cfg["adapter_dim"])
+    adapter_widths = widths(cfg, n, "adapters", adapter) if adapter else ()  # hetero: drawn
+    adapters = (
+        PerFeatureTowers(lay.feature_dims, adapter_widths, 1, norm=True, act=act, gate=False)
+        if adapter
+        else None
+    )
+    width = (sum(adapter_widths) if adapter else lay.pooled_dim) + int(cfg["num_dense_features"])
+    return feature_split(lay), adapters, width
+
+
+def adapted_input(
+    adapters: nn.Module | None, split: int | list[int], dense_features: Tensor, pooled: Tensor
+) -> Tensor:
+    """The interaction's input: the adapted features (or the pooled embeddings) and the dense ones."""
+    if adapters is None:
+        return torch.cat([pooled, dense_features], dim=1)
+    return torch.cat([*adapters(torch.split(pooled, split, dim=1)), dense_features], dim=1)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from models.fields import Field
-from models.layers import PerFeatureTowers, feature_split, mlp
+from models.layers import adapted_input, feature_adapters, mlp
 from models.sparse import SparseLayout
 from models.widths import widths
 
@@ -45,15 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 class MMoEDense(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], lay: SparseLayout) -> None:
         super().__init__()
-        n, adapter = lay.num_features, int(cfg["adapter_dim"])
-        self.split = feature_split(lay)
-        adapter_widths = widths(cfg, n, "adapters", adapter) if adapter else ()  # hetero: drawn
-        self.adapters = (
-            PerFeatureTowers(lay.feature_dims, adapter_widths, 1, norm=True, act=True, gate=False)
-            if adapter
-            else None
-        )
-        width = (sum(adapter_widths) if adapter else lay.pooled_dim) + int(cfg["num_dense_features"])
+        self.split, self.adapters, width = feature_adapters(cfg, lay, act=True)
         experts, tasks = int(cfg["num_experts"]), int(cfg["num_tasks"])
         # hetero: each expert's hidden widths but the last (stacked across experts) are drawn
         mlp_w = list(cfg["expert_mlp"])
@@ -69,10 +61,7 @@ class MMoEDense(nn.Module):
         )
 
     def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
-        if self.adapters is not None:
-            x = torch.cat([*self.adapters(torch.split(pooled, self.split, dim=1)), dense_features], dim=1)
-        else:
-            x = torch.cat([pooled, dense_features], dim=1)
+        x = adapted_input(self.adapters, self.split, dense_features, pooled)
         experts = torch.stack([expert(x) for expert in self.experts], dim=1)  # [B, E, H]
         logits = []
         for gate, tower in zip(self.gates, self.towers, strict=True):
