@@ -22,7 +22,7 @@ HOWTO = {  # doc -> headings of its how-to sections
     "docs/models.md": ("## Adding a family",),
 }
 CREATED = {
-    "optimus/rules/batch_exp.py"
+    "optimus/rules/batch/batch_exp.py"
 }  # the worked example's new file (tests/foundation/test_howto_rule.py)
 TOP = ("optimus/", "models/", "harness/", "benchmarks/", "tests/", "docs/", "scripts/", "requirements/", ".ci/", ".github/")  # fmt: skip
 
