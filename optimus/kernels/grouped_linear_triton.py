@@ -117,14 +117,19 @@ def _grouped_mm_kernel(
                 acc = tl.dot(a_tile, b_tile, acc)
                 if ROW_SUMS:
                     row_sum = tl.dot(a_tile, tl.full((BLOCK_K, 16), 1.0, a_tile.dtype), row_sum)
-    if ROW_SUMS:  # every column tile computed the same sums: the first one writes them
-        sums = tl.load(sum_ptrs + g).to(tl.pointer_type(tl.float32))
+    # Every column tile computed the same sums: the first one writes them. ``pn == 0`` is a branch,
+    # not a term of the mask: a scalar condition broadcast into a block mask reaches Triton's
+    # interpreter as integer data (its splat keeps the compared operands' dtype), and the
+    # interpreter's store rejects a mask that is not boolean since Triton 3.9.
+    if ROW_SUMS:  # a compile-time branch; ``pn == 0`` inside it is a runtime one
         col = tl.arange(0, 16)
-        tl.store(
-            sums + offs_m[:, None] + col[None, :] * 0,
-            row_sum,
-            mask=mask_m[:, None] & (col[None, :] == 0) & (pn == 0),
-        )
+        if pn == 0:
+            sums = tl.load(sum_ptrs + g).to(tl.pointer_type(tl.float32))
+            tl.store(
+                sums + offs_m[:, None] + col[None, :] * 0,
+                row_sum,
+                mask=mask_m[:, None] & (col[None, :] == 0),
+            )
     if HAS_BIAS:
         bias = tl.load(bias_ptrs + g).to(tl.pointer_type(elem))
         acc += tl.load(bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]

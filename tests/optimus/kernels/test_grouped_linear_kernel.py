@@ -9,6 +9,7 @@ Without triton the kernel tests skip, saying so; the CPU backends are tested eit
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -90,6 +91,35 @@ def test_triton_kernel_ragged_forward_backward(dtype: torch.dtype, tol: float, a
 )
 def test_triton_kernel_tiles_and_one_group(shapes: list) -> None:
     _check(shapes, torch.float32, "triton", "none", bias=False, tol=1e-4)
+
+
+@needs_triton
+def test_triton_kernel_masks_are_boolean_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every mask the kernel loads or stores with is boolean data in the interpreter, not only of
+    Triton type int1. Triton 3.9's interpreter rejects any other mask ("mask has unsupported
+    dtype"); the pinned 3.6 accepts integer masks, so without this check the default run would not
+    notice a mask that breaks on newer Triton (a scalar condition broadcast into a block mask is
+    such a one: the interpreter splats it as integers). Forward and backward, with a dW launch
+    whose K spans two column tiles, so the row-sum store runs in tiles that must not write."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    seen: list[str] = []
+    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+
+    def checked_load(self: object, ptrs: object, mask: Any, *rest: object) -> object:
+        seen.append(f"load {mask.data.dtype}")
+        return load(self, ptrs, mask, *rest)
+
+    def checked_store(self: object, ptrs: object, value: object, mask: Any, *rest: object) -> object:
+        seen.append(f"store {mask.data.dtype}")
+        return store(self, ptrs, value, mask, *rest)
+
+    monkeypatch.setattr(InterpreterBuilder, "create_masked_load", checked_load)
+    monkeypatch.setattr(InterpreterBuilder, "create_masked_store", checked_store)
+    _check(RAGGED, torch.float32, "triton", "relu", bias=True, tol=1e-4)
+    _check([(1, 65, 3), (2, 1, 70)], torch.float32, "triton", "none", bias=False, tol=1e-4)
+    assert seen, "no masked load or store reached the interpreter"
+    assert set(seen) == {"load bool", "store bool"}, sorted(set(seen))
 
 
 @pytest.mark.parametrize("backend", ["loop", "padded"])
