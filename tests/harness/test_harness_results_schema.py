@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import results
+from harness.store import results
 from tests.harness import synthetic
 
 

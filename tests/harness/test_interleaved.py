@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, interleaved, modes
+from harness import cli
+from harness.modes import builtin
+from harness.run import interleaved
 from harness.spec import DEFAULT_PROVIDER
 
 
@@ -58,7 +60,7 @@ def test_summarize_names_a_missing_base() -> None:
 @pytest.fixture(autouse=True)
 def _keep_this_process_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """ab is a command with a process of its own; in pytest keep the caches and threads as they are."""
-    monkeypatch.setattr(modes, "disable_compile_caches", lambda: None)
+    monkeypatch.setattr(builtin, "disable_compile_caches", lambda: None)
 
 
 def test_run_ab_on_a_tiny_model(tmp_path: Path) -> None:
@@ -104,13 +106,13 @@ def test_cli_ab_writes_json_and_checks_its_arguments(
 def test_the_peer_options_are_restored_after_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._inductor.config as inductor_config
 
-    real = modes.prepare
+    real = builtin.prepare
 
     def prepare(mode, dense, example):  # type: ignore[no-untyped-def]
         inductor_config.pre_grad_fusion_options = {"batch_linear": {}}  # what the peer mode does
         return real("eager", dense, example)
 
-    monkeypatch.setattr(modes, "prepare", prepare)
+    monkeypatch.setattr(builtin, "prepare", prepare)
     before = dict(inductor_config.pre_grad_fusion_options)
     interleaved.contender(
         "towers", "tiny", "compile+peer", "infer", device="cpu", seed=0, provider=DEFAULT_PROVIDER

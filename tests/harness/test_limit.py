@@ -1,4 +1,4 @@
-"""The limit of a cell (harness/limit.py): the groups it finds, the programs it times, its formulas.
+"""The limit of a cell (harness/measure/limit.py): the groups it finds, the programs it times, its formulas.
 
 Known by construction: a Towers model that is nothing but one group of G independent linears
 (``x.unbind(0)`` -> G x Linear(K -> N) -> tuple) has exactly one fusable group of G members of
@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness import limit, paper, report
+from harness.measure import limit
+from harness.report import markdown, paper
 from models.synthetic_towers import Towers
 
 G, B, K, N = 4, 6, 8, 5
@@ -237,7 +238,7 @@ def test_summary_and_tables() -> None:
     )
     ptable = paper.format_paper_table(paper.paper_rows(doc))
     assert "ideal speedup vs compile | headroom captured |" in ptable and "| 1.67x | 50% |" in ptable
-    md = report.render(doc, "t", [])
+    md = markdown.render(doc, "t", [])
     assert "## The limit" in md
 
 
@@ -266,7 +267,7 @@ def test_failed_limit_is_not_shown() -> None:
 def test_measure_cell_on_the_towers_family(phase: str) -> None:
     """The harness's own towers model at tiny, eager programs (no compile): groups of every kind."""
     import models
-    from harness.cell import input_requires_grad
+    from harness.run.cell import input_requires_grad
 
     train = phase == "train"
     b = models.build("towers", scale="tiny", device="cpu", seed=0)
@@ -295,7 +296,7 @@ def test_limit_must_be_a_bool() -> None:
 def test_compile_cell_records_its_limit() -> None:
     """One compile cell at tiny with --limit, in its own process: the two standalone programs are
     compiled by Inductor (tens of seconds on a 2-core CPU)."""
-    from harness.runner import run_one
+    from harness.run.runner import run_one
     from harness.spec import CellKey, RunConfig
 
     cfg = RunConfig(["towers"], "tiny", ["compile"], ["infer"], warmup=1, min_iters=2, max_iters=3,

@@ -1,4 +1,4 @@
-"""`optimus-bench targets --goals issue16` (harness/targets_wave2.py): the wave-2 goals judged from
+"""`optimus-bench targets --goals issue16` (harness/gate/targets_wave2.py): the wave-2 goals judged from
 results files, including the limit-relative inference goal and the memory ceiling and floor."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 
 import synthetic
 
-from harness import cli, exit_codes, targets_wave2
+from harness import cli, exit_codes
+from harness.gate import targets_wave2
 
 
 def _cells(model: str, phase: str, opt_ms: float, *, scale: str = "large", opt_mem: int = 10_000_000,

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness import cli, exit_codes, history_store, results
+from harness import cli, exit_codes
+from harness.store import history_store, results
 from tests.harness import synthetic
 
 
