@@ -18,6 +18,8 @@ PHASES: tuple[str, ...] = ("infer", "train")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch")
 DEFAULT_PROVIDER = "models:build"
+# How a sharded cell (``--nproc`` > 1) splits its tables; "auto": torchrec's planner chooses.
+SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
 
 
 def __getattr__(name: str) -> Any:
@@ -121,8 +123,6 @@ class RunConfig:
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
             raise ValueError(f"nproc: must be an integer >= 1, got {self.nproc!r}")
-        from harness.run.sharded.plan import SHARDINGS  # no torch import: names only
-
         if self.sharding not in SHARDINGS:
             raise ValueError(f"sharding: unknown {self.sharding!r}; allowed values: {', '.join(SHARDINGS)}")
         v = self.pg_timeout_s

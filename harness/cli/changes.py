@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from harness import exit_codes
-from harness.nightly.changes import ChangeConfig, SeriesResult, analyse, build_series, format_changes
+from harness.nightly.changes import analyse_history, format_changes
 from harness.outputs import check_output_dir, check_stem
 from harness.store import history_store, results
 
@@ -33,23 +32,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stem", default="changes", help="file name stem (default: changes)")
     p.add_argument("--asv-html", metavar="DIR",
                    help="also mark the change points on the asv dashboard published in DIR (after asv publish)")  # fmt: skip
-
-
-def analyse_history(
-    history: str, cfg: ChangeConfig, machine_of: str | None = None
-) -> tuple[list[SeriesResult], list[history_store.Night], list[str], dict[str, Any]]:
-    """The series of one machine's nights of ``history`` (the newest night's machine unless
-    ``machine_of`` names a results file), analysed: (results, nights, nights left out, machine)."""
-    if Path(history).suffix != ".jsonl":
-        raise ValueError(f"{history}: expected a nightly history (.jsonl)")
-    nights = history_store.read(history)
-    if not nights:
-        raise ValueError(f"{history}: no nights (missing or empty history)")
-    env = results.load(machine_of)["env"] if machine_of else nights[-1].results["env"]
-    machine = history_store.machine_key(env)
-    same, left_out = history_store.select(nights, machine)
-    same = same[-cfg.max_nights :]
-    return [analyse(s, cfg) for s in build_series(same)], same, left_out, machine
 
 
 def main_from_args(args: argparse.Namespace) -> int:

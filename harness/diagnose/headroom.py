@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import optimus
-from harness.run import interleaved
+from harness.measure import timing
 from models.synthetic_towers import Towers
 from optimus.layout_relayout import RelayoutParams
 
@@ -146,11 +146,11 @@ def measure(g: int, batch: int, k: int, n: int, rounds: int, iters: int) -> list
     rows = []
     for phase in ("fwd", "fwd+bwd"):
         contenders = [
-            interleaved.Contender(name, step_fn(mod, params, x, phase), 0.0, None)
+            timing.Contender(name, step_fn(mod, params, x, phase), 0.0, None)
             for name, (mod, params) in variants.items()
         ]
         # The harness's one interleaved timing loop: ms per call per round, order alternating.
-        rounds_ms = interleaved.interleave(contenders, rounds=rounds, steps=iters, warmup=3)
+        rounds_ms = timing.interleave(contenders, rounds=rounds, steps=iters, warmup=3)
         samples = {name: [ms * 1e3 for ms in v] for name, v in rounds_ms.items()}
         med = {name: q(s) for name, s in samples.items()}
         for name in VARIANTS:

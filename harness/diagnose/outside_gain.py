@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 import optimus
+from harness.measure import timing
 from harness.run import interleaved
 from models import outside
 from optimus.atomic import write_atomic
@@ -99,7 +100,7 @@ def _contender(
         return _loss(fn(*inputs)).backward()
 
     step = train_step if train else forward
-    return interleaved.Contender(label, step, 0.0, None)
+    return timing.Contender(label, step, 0.0, None)
 
 
 def gain(name: str, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def gain(name: str, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
             if capture not in WHOLE_GRAPH:
                 return {"skipped": f"capture {capture!r}: {SKIP_WHY}"}
             contenders.append(_contender(label, model, gm, inputs, train))
-        samples = interleaved.interleave(contenders, rounds=rounds, steps=steps, warmup=3)
+        samples = timing.interleave(contenders, rounds=rounds, steps=steps, warmup=3)
         summary = interleaved.summarize(samples, "capture")
         out[phase] = {
             "speedup": summary["rules"]["speedup_vs_base"],

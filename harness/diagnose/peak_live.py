@@ -1,6 +1,6 @@
 """What is live at a step's memory peak (CPU), grouped by where each buffer was allocated.
 
-WHY: a cell's ``peak_mem_at`` (``harness.measure.timing.cpu_step_peak``) names the op where the peak
+WHY: a cell's ``peak_mem_at`` (``harness.measure.memory.cpu_step_peak``) names the op where the peak
 falls, not what holds the bytes there. Towers medium training read +35% over compile with both
 peaks "in CompiledFunctionBackward"; only the live set told the activations the compiled forward
 saved (about equal in both modes) from the backward's own transients (8.2 against 2.5 MB):
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.measure.timing import peak_place
+from harness.measure.memory import peak_place
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Any
 
 from harness import exit_codes
 from harness.diagnose.peak_live import live_at_peak, markdown_rows
-from harness.modes import builtin
+from harness.modes import builtin, mode_registry
 from harness.run import cell
 from optimus.atomic import write_atomic
 
@@ -109,7 +109,7 @@ def profile_mode(b: Any, mode: str, train: bool, device: str, steps: int, top: i
     module.train(train)
     batches = list(b.batches)
     example = cell.example_inputs(b, batches)
-    prepared = builtin.prepare(mode, module.dense, example)
+    prepared = mode_registry.prepare(mode, module.dense, example)
     module.dense = prepared.module
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
     step = cell.step_fn(module, batches, optimizer, cell.forward_fn(b, train))
@@ -220,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.steps < 1 or a.top < 1 or a.threads < 1:
         print("profile_cell: error: --steps, --top and --threads must be >= 1", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    from harness.modes import mode_registry
 
     names = [m for m in a.modes.split(",") if m]
     unknown = [m for m in names if m not in {x.name for x in mode_registry.modes()}]

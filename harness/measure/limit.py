@@ -563,9 +563,9 @@ def step_of(
 def default_timer(
     steps: dict[str, Callable[[], Any]], sync: Callable[[], None] = lambda: None
 ) -> dict[str, float]:
-    """Median ms per call of each step, timed side by side (``harness.run.interleaved.interleave``):
+    """Median ms per call of each step, timed side by side (``harness.measure.timing.interleave``):
     11 rounds of about 10 ms of calls each per step."""
-    from harness.run.interleaved import Contender, interleave
+    from harness.measure.timing import Contender, interleave
 
     for s in steps.values():
         for _ in range(3):

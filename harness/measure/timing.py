@@ -1,4 +1,4 @@
-"""Measurement primitives: latency samples, their summary, peak memory.
+"""Timing primitives: latency samples, their summary, and modes timed side by side in rounds.
 
 Why separate functions: the harness cells, the asv suite (benchmarks/) and the nightly job
 all measure with exactly this code, so their figures agree. Nothing here knows about
@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from optimus.timing import time_block
 
 INJECT_SLOWDOWN_ENV = "OPTIMUS_BENCH_INJECT_SLOWDOWN"
 
@@ -107,131 +110,35 @@ def summarize(samples: Iterable[float]) -> dict[str, Any]:
     return {"median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "n": len(xs), "samples": xs}
 
 
-def storage_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and shared weights counted once)."""
-    import torch
+@dataclass
+class Contender:
+    """One mode of the model, ready to step: its module, its optimizer, its first output."""
 
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
+    mode: str
+    step: Callable[[], Any]
+    first_call_s: float
+    first_out: Any
 
 
-def peak_place(names: list[str]) -> str | None:
-    """A short name for where a peak falls, from the profiler events around it (outermost
-    first): the outermost one (the autograd node in backward, the op or compiled graph in
-    forward) and, when different, the innermost aten op."""
-    names = [n for n in names if not n.startswith("ProfilerStep") and n != "[memory]"]
-    if not names:
-        return None
-
-    def short(n: str) -> str:
-        n = n.removeprefix("autograd::engine::evaluate_function: ")
-        compiled = n.startswith(("## Call CompiledFxGraph", "Torch-Compiled Region"))
-        return "compiled graph" if compiled else n
-
-    outer = short(names[0])
-    inner = next((short(n) for n in reversed(names) if n.startswith("aten::")), None)
-    return outer if inner is None or inner == outer else f"{outer} > {inner}"
-
-
-def cpu_step_peak(step: Callable[[], object]) -> tuple[int, str | None]:
-    """Peak bytes allocated by ``step`` above what was allocated when it started (CPU), and
-    where that peak falls (``peak_place``; None when the step allocated nothing).
-
-    Method: torch.profiler with ``profile_memory=True`` records every allocation and free of
-    PyTorch's CPU allocator (eager ops, autograd, Inductor's generated C++ buffers); the
-    running sum of those events in time order gives the step's own peak. It ignores Python
-    objects, the allocator's cached pages and everything allocated before the step, so it is
-    isolated from compile-time garbage and from other cells. Noise: the allocation sequence
-    of a fixed-shape step is deterministic, so repeated measurements agree to the byte
-    (tested); what it misses is memory outside the torch allocator (e.g. oneDNN scratch).
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = step()
-        del out
-    try:
-        events = list(prof.profiler.kineto_results.events())  # type: ignore[union-attr]
-        deltas = sorted(
-            ((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"), key=lambda p: p[0]
-        )
-        spans = [
-            (e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events if e.name() != "[memory]"
-        ]
-    except AttributeError as e:  # private profiler API moved
-        raise RuntimeError(f"cannot read allocator events from torch.profiler: {e}") from e
-    cur = peak = 0
-    at: int | None = None
-    for t, nbytes in deltas:
-        cur += nbytes
-        if cur > peak:
-            peak, at = cur, t
-    if at is None:
-        return peak, None
-    around = sorted((s for s in spans if s[0] <= at <= s[1]), key=lambda s: (s[0], -s[1]))
-    return peak, peak_place([name for _, _, name in around])
-
-
-def cuda_step_peak_bytes(step: Callable[[], object]) -> tuple[int, int]:
-    """(bytes allocated at start, torch.cuda.max_memory_allocated during ``step``)."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    out = step()
-    del out
-    torch.cuda.synchronize()
-    return start, torch.cuda.max_memory_allocated()
-
-
-# Named apart from the earlier methods, so compare never judges across them:
-# - "static tensors + torch.profiler allocator peak" also counted the gradients in the static
-#   part (twice in training);
-# - "parameters, buffers and optimizer state + torch.profiler allocator peak" missed gradient
-#   buffers Optimus's re-layout held from one step to the next (up to 25 MiB on mmoe large):
-#   allocated before the step, their free inside it lowered the profiler's running sum.
-CPU_MEMORY_METHOD = (
-    "parameters, buffers, optimizer state and kept gradient buffers + torch.profiler allocator peak"
-)
-
-
-def step_peak_memory(
-    step: Callable[[], object], device: str, static_tensors: Iterable[Any]
-) -> dict[str, Any]:
-    """Peak memory of one step, in one shape for both devices.
-
-    CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (everything live on the
-    device). CPU: ``peak_mem_bytes`` = bytes of ``static_tensors`` (parameters, buffers,
-    optimizer state and gradient buffers Optimus keeps; see ``harness.run.cell.step_static_tensors``) + the step's own allocation
-    peak (``cpu_step_peak``), and ``peak_mem_at`` says where that peak falls.
-    """
-    if device == "cuda":
-        start, peak = cuda_step_peak_bytes(step)
-        return {
-            "peak_mem_bytes": int(peak),
-            "peak_mem_static_bytes": int(start),
-            "peak_mem_step_bytes": int(peak - start),
-            "peak_mem_at": None,
-            "peak_mem_method": "cuda.max_memory_allocated",
-        }
-    static = storage_bytes(static_tensors)
-    try:
-        delta, where = cpu_step_peak(step)
-    except RuntimeError as e:  # a missing figure, not a failed cell
-        return {
-            "peak_mem_bytes": None,
-            "peak_mem_static_bytes": int(static),
-            "peak_mem_method": f"unavailable: {e}",
-        }
-    return {
-        "peak_mem_bytes": int(static + delta),
-        "peak_mem_static_bytes": int(static),
-        "peak_mem_step_bytes": int(delta),
-        "peak_mem_at": where,
-        "peak_mem_method": CPU_MEMORY_METHOD,
-    }
+def interleave(
+    contenders: Sequence[Contender],
+    rounds: int,
+    steps: int,
+    warmup: int,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """ms per step of each contender, one value per round (the mean over ``steps`` steps)."""
+    for c in contenders:
+        for _ in range(warmup):
+            c.step()
+    sync()
+    out: dict[str, list[float]] = {c.mode: [] for c in contenders}
+    for r in range(rounds):
+        order = contenders if r % 2 == 0 else list(reversed(contenders))
+        for c in order:
+            out[c.mode].append(time_block(c.step, steps, sync, clock) * 1e3 / steps)
+        if progress is not None:
+            progress(r + 1)
+    return out

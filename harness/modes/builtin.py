@@ -108,17 +108,6 @@ def merge_reports(reports: list[Any]) -> dict[str, Any]:
     }
 
 
-def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> Prepared:
-    """Return the module that ``mode`` runs in place of ``dense`` (``harness.modes.mode_registry``).
-
-    Compiling is lazy (first call); ``prepare_s`` counts only work done here
-    (``optimus.optimize`` for eager+optimus).
-    """
-    from harness.modes import mode_registry
-
-    return mode_registry.get(mode).prepare(dense, example_inputs)
-
-
 def prepare_eager(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
     return Prepared(dense)
 

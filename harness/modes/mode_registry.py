@@ -102,3 +102,12 @@ for _m in (
          "#2ca02c", optimus=True, asv=True),
 ):  # fmt: skip
     register(_m)
+
+
+def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> prep.Prepared:
+    """Return the module that ``mode`` runs in place of ``dense``.
+
+    Compiling is lazy (first call); ``prepare_s`` counts only work done here
+    (``optimus.optimize`` for eager+optimus).
+    """
+    return get(mode).prepare(dense, example_inputs)

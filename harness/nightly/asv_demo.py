@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cli.changes import analyse_history
 from harness.nightly.asv_marks import benchmark_of, mark_dashboard, marks_of
+from harness.nightly.changes import analyse_history
 from harness.nightly.job import load_config
 from harness.store.history_store import Night
 

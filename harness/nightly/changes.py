@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness import metric_registry
 from harness.nightly.alert_policy import AlertPolicy, Tracker, same_change
 from harness.nightly.changepoints import DETECTORS, Change, Detector, detect
 from harness.spec import CellKey
+from harness.store import history_store, results
 from harness.store.history_store import Night
 
 
@@ -161,3 +163,20 @@ def format_changes(found: Sequence[SeriesResult], dedupe: int = AlertPolicy.dedu
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     return "\n".join(head + [r for _, r in sorted(rows, key=lambda x: x[0])]) + "\n"
+
+
+def analyse_history(
+    history: str, cfg: ChangeConfig, machine_of: str | None = None
+) -> tuple[list[SeriesResult], list[history_store.Night], list[str], dict[str, Any]]:
+    """The series of one machine's nights of ``history`` (the newest night's machine unless
+    ``machine_of`` names a results file), analysed: (results, nights, nights left out, machine)."""
+    if Path(history).suffix != ".jsonl":
+        raise ValueError(f"{history}: expected a nightly history (.jsonl)")
+    nights = history_store.read(history)
+    if not nights:
+        raise ValueError(f"{history}: no nights (missing or empty history)")
+    env = results.load(machine_of)["env"] if machine_of else nights[-1].results["env"]
+    machine = history_store.machine_key(env)
+    same, left_out = history_store.select(nights, machine)
+    same = same[-cfg.max_nights :]
+    return [analyse(s, cfg) for s in build_series(same)], same, left_out, machine

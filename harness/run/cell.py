@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.measure import timing
+from harness.measure import memory, timing
 from harness.modes import builtin, mode_registry
 from harness.spec import CellKey, load_provider
 from harness.store import cell_record
@@ -263,7 +263,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     original = dict(module.named_parameters())
     dense = module.dense  # as built: what the limit's groups are found in (--limit)
     with builtin.memory_margin(cfg.get("memory_margin")):
-        prepared = builtin.prepare(key.mode, dense, example)
+        prepared = mode_registry.prepare(key.mode, dense, example)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 
@@ -327,7 +327,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     compiled = mode.compiled
     cell["compile_s"] = prepared.prepare_s + (max(0.0, first_call_s - median_s) if compiled else 0.0)
 
-    cell.update(timing.step_peak_memory(step, device, step_static_tensors(module, optimizer)))
+    cell.update(memory.step_peak_memory(step, device, step_static_tensors(module, optimizer)))
 
     if compiled:
         counts = dynamo_counts()

@@ -18,27 +18,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from harness import stats
 from harness.env import collect_env
+from harness.measure.timing import Contender, interleave
 from harness.modes import builtin, mode_registry
 from harness.run import cell as cell_mod
 from harness.spec import PHASES
-from optimus.timing import time_block
-
-
-@dataclass
-class Contender:
-    """One mode of the model, ready to step: its module, its optimizer, its first output."""
-
-    mode: str
-    step: Callable[[], Any]
-    first_call_s: float
-    first_out: Any
 
 
 def _check(names: Sequence[str], allowed: Sequence[str], what: str) -> None:
@@ -64,7 +53,7 @@ def contender(
     example = cell_mod.example_inputs(b, batches)
     saved_peer = copy.deepcopy(inductor_config.pre_grad_fusion_options)
     try:  # the peer's options are process-global: on only while its graph compiles
-        prepared = builtin.prepare(mode, module.dense, example)
+        prepared = mode_registry.prepare(mode, module.dense, example)
         module.dense = prepared.module
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
         step = cell_mod.step_fn(module, batches, optimizer, cell_mod.forward_fn(b, train))
@@ -76,30 +65,6 @@ def contender(
     finally:
         inductor_config.pre_grad_fusion_options = saved_peer
     return Contender(mode, step, first, out.detach())
-
-
-def interleave(
-    contenders: Sequence[Contender],
-    rounds: int,
-    steps: int,
-    warmup: int,
-    sync: Callable[[], None] = lambda: None,
-    clock: Callable[[], float] = time.perf_counter,
-    progress: Callable[[int], None] | None = None,
-) -> dict[str, list[float]]:
-    """ms per step of each contender, one value per round (the mean over ``steps`` steps)."""
-    for c in contenders:
-        for _ in range(warmup):
-            c.step()
-    sync()
-    out: dict[str, list[float]] = {c.mode: [] for c in contenders}
-    for r in range(rounds):
-        order = contenders if r % 2 == 0 else list(reversed(contenders))
-        for c in order:
-            out[c.mode].append(time_block(c.step, steps, sync, clock) * 1e3 / steps)
-        if progress is not None:
-            progress(r + 1)
-    return out
 
 
 def summarize(samples: dict[str, list[float]], base: str) -> dict[str, Any]:

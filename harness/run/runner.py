@@ -23,6 +23,7 @@ from typing import Any
 
 from harness.env import REPO_ROOT, collect_env
 from harness.modes import mode_registry
+from harness.run.process_env import child_env
 from harness.spec import CellKey, RunConfig
 from harness.store import results
 
@@ -31,24 +32,6 @@ RESUME_FIELDS = (
     "scale", "device", "seed", "warmup", "min_iters", "max_iters", "budget_s", "threads", "atol", "rtol", "provider",
     "nproc", "sharding",
 )  # fmt: skip
-
-
-def child_env(cache_dir: str, threads: int = 0) -> dict[str, str]:
-    """Environment of a cell process: this checkout first on the path, caches off and private,
-    and (when ``threads`` > 0) OpenMP sized to match torch's intra-op threads, so Inductor's
-    C++ kernels do not oversubscribe the cores (on a loaded 2-core machine, 2 OpenMP threads
-    turned a 0.5 ms step into a 200 ms p90)."""
-    env = dict(os.environ)
-    if threads > 0:
-        env["OMP_NUM_THREADS"] = str(threads)
-    root = str(REPO_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
-    from harness.modes.builtin import CACHE_ENV
-
-    env.update(CACHE_ENV)
-    return env
 
 
 def _tail(path: Path, lines: int = 12) -> str:

@@ -161,3 +161,47 @@ def _check_type(v: Any, types: tuple[type, ...], nullable: bool, where: str) -> 
 def _check_choice(cell: dict[str, Any], name: str, allowed: tuple[str, ...], where: str) -> None:
     if cell[name] not in allowed:
         raise _fail(f"{where}.{name}", f"unknown {cell[name]!r}; allowed values: {', '.join(allowed)}")
+
+
+SCHEMA = 1
+KIND = "optimus-bench-results"
+
+
+def validate_cell(cell: Any, where: str) -> None:
+    """Raise ResultsError naming the field when ``cell`` is not a valid cell (``CellRecord``)."""
+    CellRecord.from_dict(cell, where)
+
+
+def validate(doc: Any, source: str = "results") -> dict[str, Any]:
+    """Check a parsed results document; return it, or raise ResultsError naming the problem."""
+    if not isinstance(doc, dict):
+        raise _fail(source, f"top level must be a JSON object, got {type(doc).__name__}")
+    if doc.get("kind") != KIND:
+        raise _fail(
+            source, f"not an optimus-bench results file (kind={doc.get('kind')!r}, expected {KIND!r})"
+        )
+    version = doc.get("schema")
+    if version != SCHEMA:
+        raise _fail(
+            source,
+            f"schema version {version!r} is not supported; this harness reads schema {SCHEMA} "
+            "(re-run the benchmark or use the harness version that wrote it)",
+        )
+    for key in ("env", "config"):
+        if not isinstance(doc.get(key), dict):
+            raise _fail(source, f"field {key!r} must be an object")
+    for key in ("git", "versions"):  # read as objects by report, nightly and the history store
+        v = doc["env"].get(key)
+        if v is not None and not isinstance(v, dict):
+            raise _fail(f"{source}: env.{key}", f"must be an object or null, got {type(v).__name__}")
+    cells = doc.get("cells")
+    if not isinstance(cells, list):
+        raise _fail(source, "field 'cells' must be a list")
+    seen: set[CellKey] = set()
+    for i, cell in enumerate(cells):
+        validate_cell(cell, f"{source}: cells[{i}]")
+        ck = CellKey.of(cell)
+        if ck in seen:
+            raise _fail(f"{source}: cells[{i}]", f"duplicate cell {ck.label()}")
+        seen.add(ck)
+    return doc

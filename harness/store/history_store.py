@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.store import results
+from harness.store import cell_record
 
 SCHEMA = 1
 KIND = "optimus-bench-night"
@@ -123,8 +123,8 @@ def _parse(path: Path, raw: bytes) -> tuple[list[Night], bytes]:
             if not isinstance(rec.get(key), dict):
                 raise HistoryError(f"{path}:{n}: field {key!r} must be an object")
         try:
-            doc = results.validate(rec["results"], f"{path}:{n}: results")
-        except results.ResultsError as e:
+            doc = cell_record.validate(rec["results"], f"{path}:{n}: results")
+        except cell_record.ResultsError as e:
             raise HistoryError(str(e)) from None
         nights.append(Night(n, rec["machine"], rec["night"], doc))
     return nights, tail
@@ -154,7 +154,7 @@ def read(path: str | os.PathLike[str]) -> list[Night]:
 def append(path: str | os.PathLike[str], doc: dict[str, Any], night: dict[str, Any]) -> Night:
     """Append one night (``doc``: its results document) under the lock; return it as stored."""
     p = Path(path)
-    doc = results.validate(doc, "night to append")
+    doc = cell_record.validate(doc, "night to append")
     machine = machine_key(doc["env"])
     rec = {"schema": SCHEMA, "kind": KIND, "machine": machine, "night": night, "results": doc}
     line = (json.dumps(rec, allow_nan=False, separators=(",", ":")) + "\n").encode()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness import cli, env, exit_codes
-from harness.measure import timing
+from harness.measure import memory, timing
 from harness.spec import RunConfig, resolve_device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -128,7 +128,7 @@ def test_cuda_peak_resets_then_reads_max_memory_allocated(monkeypatch: pytest.Mo
         calls.append("step")
         state["peak"] = state["allocated"] + 300
 
-    got = timing.step_peak_memory(step, "cuda", static_tensors=[torch.zeros(10)])
+    got = memory.step_peak_memory(step, "cuda", static_tensors=[torch.zeros(10)])
     assert calls == ["sync", "reset", "step", "sync"]
     assert got["peak_mem_bytes"] == 1300 and got["peak_mem_static_bytes"] == 1000
     assert got["peak_mem_step_bytes"] == 300 and got["peak_mem_method"] == "cuda.max_memory_allocated"
@@ -156,7 +156,7 @@ def test_real_peak_sees_a_step_allocation() -> None:
     def step() -> Any:
         return torch.ones(nbytes, dtype=torch.uint8, device="cuda").sum()
 
-    got = timing.step_peak_memory(step, "cuda", static_tensors=[keep])
+    got = memory.step_peak_memory(step, "cuda", static_tensors=[keep])
     assert got["peak_mem_static_bytes"] >= keep.numel()
     assert got["peak_mem_step_bytes"] >= nbytes
     assert got["peak_mem_bytes"] == got["peak_mem_static_bytes"] + got["peak_mem_step_bytes"]

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from harness.measure import timing
+from harness.measure import memory, timing
 
 
 def test_time_iterations_respects_count_and_budget() -> None:
@@ -35,7 +35,7 @@ def test_summarize() -> None:
 
 def test_storage_bytes_counts_shared_storage_once() -> None:
     w = torch.zeros(10, 10)
-    assert timing.storage_bytes([w, w[0], w.t(), torch.zeros(5)]) == 400 + 20
+    assert memory.storage_bytes([w, w[0], w.t(), torch.zeros(5)]) == 400 + 20
 
 
 def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
@@ -48,7 +48,7 @@ def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
         h2 = torch.relu(h)  # another 512 KiB live at once
         return (h2 @ w2).sum()
 
-    peaks = [timing.cpu_step_peak(step)[0] for _ in range(3)]
+    peaks = [memory.cpu_step_peak(step)[0] for _ in range(3)]
     assert peaks[0] == peaks[1] == peaks[2], "same allocation sequence -> same peak, to the byte"
     assert 2 * 256 * 512 * 4 <= peaks[0] < 2 * 256 * 512 * 4 + 64 * 1024
     del garbage
@@ -56,7 +56,7 @@ def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
 
 def test_step_peak_memory_adds_static_tensors() -> None:
     w = torch.randn(100, 100)
-    out = timing.step_peak_memory(lambda: w * 2, "cpu", [w])
+    out = memory.step_peak_memory(lambda: w * 2, "cpu", [w])
     assert out["peak_mem_static_bytes"] == 40000
     assert out["peak_mem_bytes"] == 40000 + out["peak_mem_step_bytes"]
     assert out["peak_mem_step_bytes"] >= 40000

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.env import REPO_ROOT
-from harness.modes import builtin
+from harness.modes import builtin, mode_registry
 from harness.run.runner import run_suite
 from harness.spec import RunConfig
 from harness.store import results
@@ -90,7 +90,7 @@ def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
 def test_missing_optimus_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "optimus", None)
     with pytest.raises(RuntimeError, match="needs the optimus package, which is not importable"):
-        builtin.prepare("eager+optimus", None, ())
+        mode_registry.prepare("eager+optimus", None, ())
 
 
 def test_peer_options_cover_every_inductor_pre_grad_pass() -> None:

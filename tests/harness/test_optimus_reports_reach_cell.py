@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import optimus
-from harness.modes import builtin
+from harness.modes import builtin, mode_registry
 from harness.run.runner import run_one
 from harness.spec import CellKey, RunConfig
 
@@ -28,7 +28,7 @@ class ThreeTowers(nn.Module):
 
 def test_eager_optimus_prepared_carries_its_report() -> None:
     torch.manual_seed(0)
-    prepared = builtin.prepare("eager+optimus", ThreeTowers(), (torch.randn(4, 8),))
+    prepared = mode_registry.prepare("eager+optimus", ThreeTowers(), (torch.randn(4, 8),))
     assert len(prepared.reports) == 1
     merged = builtin.merge_reports(prepared.reports)
     assert merged["rules_fired"] == prepared.reports[0].rules_fired and merged["rules_fired"]

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from harness.run.process_env import child_env
 from harness.run.sharded import merge, procs
 from harness.run.sharded import plan as planmod
 from harness.spec import CellKey
@@ -58,7 +59,6 @@ def run_sharded(
 ) -> dict[str, Any]:
     """One sharded cell as one torchrun job; always returns a cell (never raises on a fault)."""
     from harness.run.cell import base_cell
-    from harness.run.runner import child_env
 
     nproc = int(config["nproc"])
     cell = base_cell(key)

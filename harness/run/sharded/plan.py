@@ -13,7 +13,8 @@ import os
 import warnings
 from typing import Any
 
-SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
+from harness.spec import SHARDINGS
+
 FAULT_ENV = "OPTIMUS_BENCH_FAULT"
 PLANNER_FAIL_DDR_BYTES = 1024  # the planner_fail test hook: 1 KiB per rank holds no table
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.measure import timing
+from harness.measure import memory, timing
 from harness.modes import builtin, mode_registry
 from harness.run import cell
 from harness.run.sharded import data, faults
@@ -161,9 +161,9 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     example = cell.example_inputs(b, local)
     if train:  # DDP reduces the leaves it sees: no re-layout under it (modes.data_parallel_training)
         with builtin.data_parallel_training():
-            prepared = builtin.prepare(key.mode, module.dense, example)
+            prepared = mode_registry.prepare(key.mode, module.dense, example)
     else:
-        prepared = builtin.prepare(key.mode, module.dense, example)
+        prepared = mode_registry.prepare(key.mode, module.dense, example)
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     mode = mode_registry.get(key.mode)
@@ -268,7 +268,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     progress.set("memory")
     static = cell.step_static_tensors(dmp, optimizer)
     dist.barrier()
-    rec.update(timing.step_peak_memory(step, device_kind, static))
+    rec.update(memory.step_peak_memory(step, device_kind, static))
     if mode.compiled:
         counts = cell.dynamo_counts()
         rec["graphs"] = graphs_first - graphs_before
