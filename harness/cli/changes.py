@@ -17,6 +17,9 @@ from harness.nightly.changes import analyse_history, format_changes
 from harness.outputs import check_output_dir, check_stem
 from harness.store import history_store, results
 
+NAME = "changes"
+HELP = "change points of a nightly history (table and plot)"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from harness.nightly.job import DEFAULT_CONFIG
@@ -34,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also mark the change points on the asv dashboard published in DIR (after asv publish)")  # fmt: skip
 
 
-def main_from_args(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from harness.nightly.history_plots import plot_changes
     from harness.nightly.job import load_config
 

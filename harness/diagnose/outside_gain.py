@@ -2,7 +2,7 @@
 
     python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
 
-WHY: issue #19 asks whether the rules find structure in other people's models. The gain of the
+WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
 rules alone is ``optimize(rules=[])`` (the same Dynamo capture, the same re-layout config, no
 rewrite) against ``optimize()`` with every rule, in eager (no compiler), timed interleaved in one
 process (``harness.run.interleaved``): forward, and forward+backward in train mode. Each model also
@@ -187,10 +187,7 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m harness.diagnose.outside_gain", description=__doc__.splitlines()[0]
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--models", default="", help="comma list (default: every installed corpus model)")
     parser.add_argument("--rounds", type=int, default=9)
@@ -198,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared machine)"
     )
-    args = parser.parse_args(argv)
+
+
+def main_from_args(args: argparse.Namespace) -> int:
     names = [n for n in args.models.split(",") if n] or outside.names()
     unknown = sorted(set(names) - set(outside.names()))
     if unknown:
@@ -214,6 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_atomic(args.out_dir / "outside-gain.md", markdown(doc))
     print(markdown(doc))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.diagnose.outside_gain", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    return main_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

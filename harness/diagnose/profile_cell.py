@@ -4,8 +4,8 @@
         --modes compile,compile+optimus --out-dir DIR [--provider P] [--phase infer|train]
         [--cost-model analytic|measured] [--steps N] [--top K] [--threads T]
 
-WHY: a speedup figure says *that* a cell missed its target, not *why*. Issue #16 asks for the
-time of each missed cell broken down; this runs the same preparation as a harness cell
+WHY: a speedup figure says *that* a cell missed its target, not *why*. This breaks the
+time of a missed cell down: runs the same preparation as a harness cell
 (``harness.modes.builtin``; the caches off), warms it up, then records ``--steps`` steps under
 torch.profiler and sums each operator's *self* time: device time on CUDA (kernels), CPU time on
 CPU. Ops are put into a few kinds (matmul, copy/stack/cat, fused pointwise, normalization, other)
@@ -198,10 +198,7 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m harness.diagnose.profile_cell", description=__doc__.split("\n\n")[0]
-    )
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--provider", default="models:build")
     ap.add_argument("--model", required=True)
     ap.add_argument("--scale", default="tiny")
@@ -216,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch intra-op threads (1, as the committed runs)"
     )
     ap.add_argument("--out-dir", required=True)
-    a = ap.parse_args(argv)
+
+
+def main_from_args(a: argparse.Namespace) -> int:
     if a.steps < 1 or a.top < 1 or a.threads < 1:
         print("profile_cell: error: --steps, --top and --threads must be >= 1", file=sys.stderr)
         return exit_codes.BAD_INPUT
@@ -266,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out / "profile.md", markdown(result))
     print(f"profile_cell: wrote {out / 'profile.md'}", file=sys.stderr)
     return exit_codes.INCOMPLETE if failed else exit_codes.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.diagnose.profile_cell", description=__doc__.split("\n\n")[0]
+    )
+    add_arguments(ap)
+    return main_from_args(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from harness.stats import bootstrap_median_ratio, mann_whitney_u
 from harness.store.results import cell_map
 
 INCOMPLETE_VERDICTS = ("missing", "failed", "non-finite")
+DEFAULT_ALPHA = 0.01  # significance level of the latency test (Mann-Whitney U)
 
 
 class Thresholds:
@@ -33,7 +34,7 @@ class Thresholds:
     ``memory``, ``compile``) and absolute minimum (``abs_key``, e.g. ``memory_abs`` bytes,
     ``compile_abs`` seconds). Defaults come from the registry; the nightly config overrides them."""
 
-    def __init__(self, alpha: float = 0.01, **limits: float) -> None:
+    def __init__(self, alpha: float = DEFAULT_ALPHA, **limits: float) -> None:
         defaults = metric_registry.threshold_defaults()
         bad = [k for k in limits if k not in defaults]
         if bad:

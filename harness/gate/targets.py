@@ -1,4 +1,4 @@
-"""The performance goals of issue #7, judged target by target from harness results files.
+"""The paper's performance goals (``--goals paper``), judged target by target from harness results files.
 
 Why a command: the goals are ratios between modes of one ``reproduce`` run (speedup over compile,
 compile time, peak memory, the peer, eager). Checking them by eye in four tables invites mistakes
@@ -88,7 +88,7 @@ def compile_time_verdict(
 
 
 def verdicts(docs: Iterable[dict[str, Any]]) -> list[Verdict]:
-    """Every target of issue #7 over every (model, scale, phase) the results hold."""
+    """Every target of the paper's goals over every (model, scale, phase) the results hold."""
     cells: dict[CellKey, dict[str, Any]] = {}
     for doc in docs:
         cells.update(cell_map(doc))

@@ -1,4 +1,4 @@
-"""The limit of a cell: the step time an ideal rewrite could reach on this device (issue 16).
+"""The limit of a cell: the step time an ideal rewrite could reach on this device.
 
 Why: a speedup alone does not say whether a rewrite left much on the table. For the reference
 cells (``compile``, read against ``compile+optimus``) this estimates

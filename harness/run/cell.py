@@ -140,7 +140,7 @@ def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
     ``zero_grad(set_to_none=True)``, and backward allocates them again inside the step, where
     the allocator peak already counts them. This drops the previous step's gradients now, so
     the profiled step starts without them (their free would be invisible to the profiler);
-    counting ``p.grad`` here as well counted every gradient twice (session 2's CPU figures).
+    counting ``p.grad`` here as well counted every gradient twice (the first committed CPU training figures).
     A re-laid-out model (``optimus.layout_relayout``) keeps the gradient buffers of its small
     fused groups between steps; they are static here, or its memory would read low.
     """

@@ -3,9 +3,8 @@
 WHY: ``run`` and ``reproduce`` time each cell in a process of its own, one after another. On a
 shared or virtualised machine the load drifts over minutes, and a ratio of two cells timed ten
 minutes apart carries that drift: with the same towers inference code, towers medium
-compile+optimus read 1.39x of compile in one ``reproduce`` and 1.17x in another (docs/perf.md,
-session 3). Here every round
-times each mode for a few steps in turn (the order reversed every other round), so a drift hits
+compile+optimus read 1.39x of compile in one ``reproduce`` and 1.17x in another (docs/perf.md).
+Here every round times each mode for a few steps in turn (the order reversed every other round), so a drift hits
 all modes alike, and each round gives a paired ratio against the first mode. The verdict is the
 median of those ratios with a bootstrap interval.
 

@@ -1,4 +1,4 @@
-"""A training cell's CPU peak memory counts each gradient once (session 3 fix)."""
+"""A training cell's CPU peak memory counts each gradient once (not also in the static part)."""
 
 from __future__ import annotations
 

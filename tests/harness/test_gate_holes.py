@@ -1,6 +1,6 @@
 """The gate cannot go green by losing data, and bad input is one line with its own exit code.
 
-Each test is one hole of issue 18, found by using the CLI as a new user would; each failed
+Each test is one hole found by using the CLI as a new user would; each failed
 on dbcb301 (exit 0, exit 1 shared with "regression", or a traceback). Nothing here measures:
 ``run_suite`` / ``run_ab`` are replaced by a tripwire, so "checked before measuring" is
 checked by the tripwire never firing.

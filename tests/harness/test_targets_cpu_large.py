@@ -1,4 +1,4 @@
-"""`optimus-bench targets --goals issue16` (harness/gate/targets_wave2.py): the wave-2 goals judged from
+"""`optimus-bench targets --goals cpu-large` (harness/gate/targets_cpu_large.py): the wave-2 goals judged from
 results files, including the limit-relative inference goal and the memory ceiling and floor."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import synthetic
 
 from harness import cli, exit_codes
-from harness.gate import targets_wave2
+from harness.gate import targets_cpu_large
 
 
 def _cells(model: str, phase: str, opt_ms: float, *, scale: str = "large", opt_mem: int = 10_000_000,
@@ -29,7 +29,7 @@ def _cells(model: str, phase: str, opt_ms: float, *, scale: str = "large", opt_m
 
 
 def _got(cells: list[dict[str, Any]], cell: str) -> dict[str, bool | None]:
-    found = targets_wave2.verdicts([synthetic.doc(cells)])
+    found = targets_cpu_large.verdicts([synthetic.doc(cells)])
     return {v.target: v.met for v in found if v.cell == cell}
 
 
@@ -69,11 +69,11 @@ def test_memory_ceiling_everywhere_and_no_floor_when_the_peak_is_in_an_embedding
     assert lower["peak memory <= 0.94x of compile (dense peak)"] is True  # -10%
 
 
-def test_cli_judges_issue16_and_medium_gets_only_memory_goals(tmp_path: Path, capsys: Any) -> None:
+def test_cli_judges_cpu_large_and_medium_gets_only_memory_goals(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "r.json"
     path.write_text(json.dumps(synthetic.doc(_cells("towers", "infer", 5.0, scale="medium"))))
     out_json = tmp_path / "verdicts.json"
-    assert cli.main(["targets", "--goals", "issue16", str(path), "--json", str(out_json)]) == exit_codes.OK
+    assert cli.main(["targets", "--goals", "cpu-large", str(path), "--json", str(out_json)]) == exit_codes.OK
     assert "| peak memory <= 1.02x of compile | towers medium infer |" in capsys.readouterr().out
     saved = json.loads(out_json.read_text())
     assert {v["target"] for v in saved} == {
