@@ -75,9 +75,9 @@ def time_iterations(
         step()
     if cuda:
         torch.cuda.synchronize()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < max_iters:
+
+    def sample() -> float:
+        nonlocal last_ms
         if cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
@@ -89,16 +89,40 @@ def time_iterations(
             end.synchronize()
             elapsed_ms = float(begin.elapsed_time(end))
             last_ms = max(0.0, elapsed_ms - stall_ms)
-            samples.append(elapsed_ms)
-        else:
-            t0 = time.perf_counter()
-            step()
-            if slow:
-                _stall(slow * (time.perf_counter() - t0))
-            samples.append((time.perf_counter() - t0) * 1e3)
-        if len(samples) >= min_iters and time.perf_counter() - start >= budget_s:
-            break
-    return samples
+            return elapsed_ms
+        t0 = time.perf_counter()
+        step()
+        if slow:
+            _stall(slow * (time.perf_counter() - t0))
+        return (time.perf_counter() - t0) * 1e3
+
+    return timed_loop(sample, min_iters=min_iters, max_iters=max_iters, budget_s=budget_s)
+
+
+def timed_loop(
+    sample: Callable[[], float],
+    *,
+    min_iters: int,
+    max_iters: int,
+    budget_s: float,
+    agree: Callable[[bool], bool] | None = None,
+) -> list[float]:
+    """The one timing loop: ``sample()`` times one step (ms) until ``max_iters`` samples, or
+    until at least ``min_iters`` were taken and ``budget_s`` seconds have passed.
+
+    ``agree`` (a sharded cell's ranks): turns this process's go/stop into the one every process
+    takes, before every step, so all take the same number of steps."""
+    samples: list[float] = []
+    start = time.perf_counter()
+    while True:
+        go = len(samples) < max_iters and not (
+            len(samples) >= min_iters and time.perf_counter() - start >= budget_s
+        )
+        if agree is not None:
+            go = agree(go)
+        if not go:
+            return samples
+        samples.append(sample())
 
 
 def summarize(samples: Iterable[float]) -> dict[str, Any]:

@@ -34,10 +34,6 @@ from harness.spec import CellKey, load_provider
 from harness.store import cell_record
 
 
-def base_cell(key: CellKey) -> dict[str, Any]:
-    return cell_record.empty(key)
-
-
 def _param_name(name: str) -> str:
     # torch.compile wraps modules as OptimizedModule(_orig_mod=...): same parameter, longer name.
     return name.replace("_orig_mod.", "")
@@ -116,12 +112,22 @@ def forward_fn(b: Any, train: bool) -> Callable[[Any, Any], Any]:
 
 
 def step_fn(
-    module: Any, batches: list[Any], optimizer: Any, forward: Callable[[Any, Any], Any]
+    module: Any,
+    batches: list[Any],
+    optimizer: Any,
+    forward: Callable[[Any, Any], Any],
+    before: Callable[[int], None] | None = None,
 ) -> Callable[[], Any]:
-    """One timed step over the batches in turn: (zero_grad, forward+backward, optimizer step)."""
+    """One training or inference step over the batches in turn: (zero_grad, forward+backward,
+    optimizer step). The one step of a cell, a sharded rank and an A/B contender; ``before(n)``
+    runs first in step ``n`` (a rank's progress and fault hooks)."""
     cycle = itertools.cycle(batches)
+    count = itertools.count()
 
     def step() -> Any:
+        n = next(count)
+        if before is not None:
+            before(n)
         batch = next(cycle)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
@@ -131,6 +137,32 @@ def step_fn(
         return out
 
     return step
+
+
+def first_call(call: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
+    """(output, seconds) of the first call, which compiles in a compiled mode."""
+    t0 = time.perf_counter()
+    out = call()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def record_compile_time(rec: dict[str, Any], prepare_s: float, first_call_s: float, compiled: bool) -> None:
+    """Compile time: for compiled modes the first call minus one steady-state step (Dynamo,
+    AOT autograd and Inductor all run lazily there); for eager modes the optimize call."""
+    median_s = rec["latency_ms"]["median"] / 1e3
+    rec["compile_s"] = prepare_s + (max(0.0, first_call_s - median_s) if compiled else 0.0)
+
+
+def record_graphs(rec: dict[str, Any], compiled: bool, graphs_before: int, graphs_first: int) -> None:
+    """Graphs of the first call (> 1 only with graph breaks) and compiles after it."""
+    if compiled:
+        counts = dynamo_counts()
+        rec["graphs"] = graphs_first - graphs_before
+        rec["recompiles"] = counts["graphs"] - graphs_first
+        rec["graph_breaks"] = counts["graph_breaks"]
+    else:
+        rec["recompiles"] = 0
 
 
 def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
@@ -231,27 +263,58 @@ def measure_limit(
         return {"error": f"{type(e).__name__}: {e}", "ideal_ms": None}
 
 
+def _build(cfg: dict[str, Any], key: CellKey, cell: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The provider's model and its batches, seeded; the build time and the model's meta go
+    into ``cell``."""
+    t_build = time.perf_counter()
+    b = build_model(cfg["provider"], key.model, key.scale, cfg.get("device", "cpu"), int(cfg["seed"]))
+    cell["build_s"] = time.perf_counter() - t_build
+    meta = dict(getattr(b, "meta", {}) or {})
+    cell["meta"] = {
+        k: v for k, v in meta.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
+    }
+    batches = list(b.batches)
+    if not batches:
+        raise RuntimeError("model provided no batches")
+    return b, batches
+
+
+def _parity(
+    cell: dict[str, Any], ref: Any, module: Any, out: Any, original: dict[str, Any], ref_out: Any, train: bool
+) -> list[str]:
+    """Compare the first call with the eager reference (outputs; in training every parameter's
+    gradient); fill ``cell``'s parity fields and return the mismatches found."""
+    cfg_tol = cell["parity"]
+    atol, rtol = cfg_tol["atol"], cfg_tol["rtol"]
+    mismatch: list[str] = []
+    cell["max_abs_err"] = max_err(ref_out, out) if ref_out.shape == out.shape else None
+    if not close(ref_out, out, atol, rtol):
+        mismatch.append(
+            f"outputs differ from eager: shape {tuple(out.shape)} vs {tuple(ref_out.shape)}, "
+            f"max abs err {cell['max_abs_err']}"
+        )
+    if train:
+        g = compare_grads(ref, module, original, atol, rtol)
+        cfg_tol.update({k: v for k, v in g.items() if k != "bad"})
+        if g["bad"]:
+            mismatch.append(f"gradients differ from eager for {len(g['bad'])} parameters: {g['bad'][:5]}")
+        if g["grads_compared"] == 0:
+            mismatch.append("no parameter gradient could be compared with eager")
+    return mismatch
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
     cfg = spec["config"]
-    cell = base_cell(key)
+    cell = cell_record.empty(key)
     builtin.disable_compile_caches()
     import torch
 
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     device = cfg.get("device", "cpu")
-    t_build = time.perf_counter()
-    b = build_model(cfg["provider"], key.model, key.scale, device, int(cfg["seed"]))
-    cell["build_s"] = time.perf_counter() - t_build
-    meta = dict(getattr(b, "meta", {}) or {})
-    cell["meta"] = {
-        k: v for k, v in meta.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
-    }
+    b, batches = _build(cfg, key, cell)
     module = b.module
-    batches = list(b.batches)
-    if not batches:
-        raise RuntimeError("model provided no batches")
     mode = mode_registry.get(key.mode)
     ref = copy.deepcopy(module) if key.mode != mode_registry.REFERENCE else None
     train = key.phase == "train"
@@ -273,44 +336,25 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     graphs_before = dynamo_counts()["graphs"]  # the model builder may have run Dynamo itself
     # First call: compile time (for eager+optimus: the optimize call) and parity.
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    t0 = time.perf_counter()
-    out = forward(module, batches[0])
-    sync()
-    first_call_s = time.perf_counter() - t0
+    out, first_call_s = first_call(lambda: forward(module, batches[0]), sync)
     cell["first_call_s"] = first_call_s
     graphs_first = dynamo_counts()["graphs"]
     if prepared.reports:  # what optimus did to this cell's module (all its graphs)
         cell.update(builtin.merge_reports(prepared.reports))
     cell["prepare_s"] = prepared.prepare_s
 
-    parity: dict[str, Any] = {"reference": mode_registry.REFERENCE}
+    cell["parity"] = {"reference": mode_registry.REFERENCE, "atol": cfg["atol"], "rtol": cfg["rtol"]}
     mismatch: list[str] = []
     if ref is not None:
-        ref_out = forward(ref, batches[0])
-        cell["max_abs_err"] = max_err(ref_out, out) if ref_out.shape == out.shape else None
-        if not close(ref_out, out, cfg["atol"], cfg["rtol"]):
-            mismatch.append(
-                f"outputs differ from eager: shape {tuple(out.shape)} vs {tuple(ref_out.shape)}, "
-                f"max abs err {cell['max_abs_err']}"
-            )
-        if train:
-            g = compare_grads(ref, module, original, cfg["atol"], cfg["rtol"])
-            parity.update({k: v for k, v in g.items() if k != "bad"})
-            if g["bad"]:
-                mismatch.append(f"gradients differ from eager for {len(g['bad'])} parameters: {g['bad'][:5]}")
-            if g["grads_compared"] == 0:
-                mismatch.append("no parameter gradient could be compared with eager")
-        del ref, ref_out
+        mismatch = _parity(cell, ref, module, out, original, forward(ref, batches[0]), train)
+        del ref
     else:
         cell["max_abs_err"] = 0.0
-    parity["atol"], parity["rtol"] = cfg["atol"], cfg["rtol"]
-    cell["parity"] = parity
     if optimizer is not None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     step = step_fn(module, batches, optimizer, forward)
-
     cell["loadavg_1m"] = os.getloadavg()[0]  # other work on the machine: read noisy figures with it
     samples = timing.time_iterations(
         step,
@@ -321,31 +365,17 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         device=device,
     )
     cell["latency_ms"] = timing.summarize(samples)
-    median_s = cell["latency_ms"]["median"] / 1e3
-    # Compile time: for compiled modes the first call minus one steady-state step (Dynamo,
-    # AOT autograd and Inductor all run lazily there); for eager modes the optimize call.
-    compiled = mode.compiled
-    cell["compile_s"] = prepared.prepare_s + (max(0.0, first_call_s - median_s) if compiled else 0.0)
-
+    record_compile_time(cell, prepared.prepare_s, first_call_s, mode.compiled)
     cell.update(memory.step_peak_memory(step, device, step_static_tensors(module, optimizer)))
-
-    if compiled:
-        counts = dynamo_counts()
-        cell["graphs"] = graphs_first - graphs_before  # > 1 only with graph breaks
-        cell["recompiles"] = counts["graphs"] - graphs_first  # compiles after the first call
-        cell["graph_breaks"] = counts["graph_breaks"]
-    else:
-        cell["recompiles"] = 0
+    record_graphs(cell, mode.compiled, graphs_before, graphs_first)
     if cfg.get("limit") and key.mode in limit_references():
         grads = input_requires_grad(module, batches[0]) if train else None
         cell["limit"] = measure_limit(
-            dense, example, cell["latency_ms"]["median"], train, compiled, device, grads
+            dense, example, cell["latency_ms"]["median"], train, mode.compiled, device, grads
         )
+    cell["status"] = "mismatch" if mismatch else "ok"
     if mismatch:
-        cell["status"] = "mismatch"
         cell["error"] = "; ".join(mismatch)
-    else:
-        cell["status"] = "ok"
     return cell
 
 
@@ -385,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cell = run_cell(spec)
     except Exception as e:  # recorded as a failed cell; the parent goes on with the next one
-        cell = base_cell(key)
+        cell = cell_record.empty(key)
         tb = traceback.format_exc().strip().splitlines()
         cell["error"] = f"{type(e).__name__}: {e}"
         cell["traceback"] = "\n".join(tb[-15:])

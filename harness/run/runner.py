@@ -25,7 +25,7 @@ from harness.env import REPO_ROOT, collect_env
 from harness.modes import mode_registry
 from harness.run.process_env import child_env
 from harness.spec import CellKey, RunConfig
-from harness.store import results
+from harness.store import cell_record, results
 
 # Fields of the config that decide what a cell measures; a resumed run must agree on them.
 RESUME_FIELDS = (
@@ -50,7 +50,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def run_one(key: CellKey, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Run one cell in a fresh process (its own session, so a timeout kills its compile workers)."""
-    from harness.run.cell import base_cell
 
     with tempfile.TemporaryDirectory(prefix="optimus-bench-cell-") as tmp:
         spec_path, out_path, err_path = Path(tmp, "spec.json"), Path(tmp, "out.json"), Path(tmp, "stderr.txt")
@@ -77,7 +76,7 @@ def run_one(key: CellKey, config: dict[str, Any], timeout_s: float) -> dict[str,
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                cell = base_cell(key)
+                cell = cell_record.empty(key)
                 cell["status"] = "timeout"
                 cell["error"] = f"cell did not finish within {timeout_s:g} s and was killed"
                 cell["log_tail"] = _tail(err_path)
@@ -90,7 +89,7 @@ def run_one(key: CellKey, config: dict[str, Any], timeout_s: float) -> dict[str,
         try:
             cell = json.loads(out_path.read_text())
         except (OSError, json.JSONDecodeError):
-            cell = base_cell(key)
+            cell = cell_record.empty(key)
             how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             cell["error"] = (
                 f"cell process crashed ({how}) before writing a result: {_tail(err_path, 3) or 'no output'}"

@@ -24,6 +24,7 @@ from harness.run.process_env import child_env
 from harness.run.sharded import merge, procs
 from harness.run.sharded import plan as planmod
 from harness.spec import CellKey
+from harness.store import cell_record
 
 DEFAULT_PG_TIMEOUT_S = 120.0
 KEEP_LOG_ENV = "OPTIMUS_BENCH_SHARDED_LOGS"  # a directory: keep each cell's torchrun log there
@@ -58,10 +59,9 @@ def run_sharded(
     key: CellKey, config: dict[str, Any], timeout_s: float, plan_doc: dict[str, Any] | None
 ) -> dict[str, Any]:
     """One sharded cell as one torchrun job; always returns a cell (never raises on a fault)."""
-    from harness.run.cell import base_cell
 
     nproc = int(config["nproc"])
-    cell = base_cell(key)
+    cell = cell_record.empty(key)
     cell.update({"nproc": nproc, "sharding": config.get("sharding") or "auto"})
     t0 = time.perf_counter()
     if plan_doc is None:

@@ -116,17 +116,14 @@ def load_tables(dmp: Any, source: dict[str, Any]) -> int:
     return n
 
 
-def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) -> dict[str, Any]:
+def _join(cfg: dict[str, Any], rank: int, progress: Progress) -> tuple[str, Any]:
+    """Join the process group (with a timeout: no rank waits forever on a dead peer) on this
+    rank's device; (device kind, torch device)."""
     import torch
     import torch.distributed as dist
 
-    key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
-    cfg = spec["config"]
-    rec: dict[str, Any] = {"rank": rank, "status": "failed", "error": None, "pid": os.getpid()}
-    builtin.disable_compile_caches()
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
-    fault = faults.parse()
     device_kind = cfg.get("device", "cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if device_kind == "cuda":
@@ -139,38 +136,25 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
         "nccl" if device_kind == "cuda" else "gloo",
         timeout=datetime.timedelta(seconds=float(cfg.get("pg_timeout_s") or 60.0)),
     )
-    progress.set("build")
-    t_build = time.perf_counter()
-    b = cell.build_model(cfg["provider"], key.model, key.scale, device_kind, int(cfg["seed"]))
-    rec["build_s"] = time.perf_counter() - t_build
-    module = b.module
-    batches = list(b.batches)
-    if not batches:
-        raise RuntimeError("model provided no batches")
-    train = key.phase == "train"
-    lr = 0.01
-    names = [f for c in module.sparse.embedding_bag_configs() for f in c.feature_names]
-    ref = copy.deepcopy(module)  # the single-process eager reference: whole batches, no sharding
-    ref.train(train)
-    module.train(train)
-    tables = {k: v.detach().clone() for k, v in module.sparse.state_dict().items()}
-    tables = {f"sparse.{k}": v for k, v in tables.items()}
-    local = [data.local_batch(bt, rank, world) for bt in batches]
+    return device_kind, device
 
-    progress.set("prepare")
-    example = cell.example_inputs(b, local)
-    if train:  # DDP reduces the leaves it sees: no re-layout under it (modes.data_parallel_training)
+
+def _prepare(key: CellKey, module: Any, example: tuple[Any, ...], train: bool) -> Any:
+    """The mode prepared on the dense arch; in training without the re-layout, which DDP cannot
+    reduce (``builtin.data_parallel_training``)."""
+    if train:
         with builtin.data_parallel_training():
-            prepared = mode_registry.prepare(key.mode, module.dense, example)
-    else:
-        prepared = mode_registry.prepare(key.mode, module.dense, example)
-    module.dense = prepared.module
-    rec.update({k: v for k, v in prepared.info.items() if v is not None})
-    mode = mode_registry.get(key.mode)
+            return mode_registry.prepare(key.mode, module.dense, example)
+    return mode_registry.prepare(key.mode, module.dense, example)
 
-    progress.set("shard")
+
+def _shard(spec: dict[str, Any], module: Any, tables: dict[str, Any], device: Any, rank: int,
+           rec: dict[str, Any], lr: float) -> Any:  # fmt: skip
+    """The model under DistributedModelParallel with the parent's plan, the reference's table
+    weights loaded into this rank's shards, and the embedding lookups in the reference's order."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
+    names = [f for c in module.sparse.embedding_bag_configs() for f in c.feature_names]
     plan_doc = spec["plan"]
     dmp = DistributedModelParallel(
         module, device=device, plan=planmod.sharding_plan(plan_doc), sharders=[planmod.sharder(lr)]
@@ -179,68 +163,28 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     inner = dmp.module  # the RecModel (DMP unwraps its DDP)
     inner.forward = types.MethodType(_ordered_forward(names), inner)
     rec["shard"] = planmod.rank_shards(plan_doc, rank)
-    if faults.skew(fault, rank, inner):
-        rec["fault"] = "skew"
+    return dmp
 
-    optimizer = None
-    if train:
-        from torchrec.optim.keyed import KeyedOptimizerWrapper
-        from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-        dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-        optimizer = KeyedOptimizerWrapper(dense_params, lambda ps: torch.optim.SGD(ps, lr=lr))
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr) if train else None
+def _dense_optimizer(dmp: Any, lr: float) -> Any:
+    """SGD over the parameters that are not updated inside backward (the tables are)."""
+    import torch
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    step_no = [0]
-    cursor = [0]
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    return KeyedOptimizerWrapper(dense_params, lambda ps: torch.optim.SGD(ps, lr=lr))
 
-    forward = cell.forward_fn(b, train)  # the single-process cell's step, loss and backward
 
-    def step() -> Any:
-        progress.set(step=step_no[0])
-        faults.fire(fault, rank, step_no[0])
-        batch = local[cursor[0] % len(local)]
-        cursor[0] += 1
-        step_no[0] += 1
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        out = forward(dmp, batch)
-        if optimizer is not None:
-            optimizer.step()
-        return out
-
-    sync: Callable[[], None] = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
-    graphs_before = cell.dynamo_counts()["graphs"]
-    progress.set("first_call")
-    dist.barrier()
-    t0 = time.perf_counter()
-    out = step()
-    sync()
-    first_call_s = time.perf_counter() - t0
-    rec["first_call_s"] = first_call_s
-    graphs_first = cell.dynamo_counts()["graphs"]
-    if prepared.reports:
-        rec.update(builtin.merge_reports(prepared.reports))
-    rec["prepare_s"] = prepared.prepare_s
-
-    # Parity with the single-process eager reference over PARITY_STEPS steps.
-    progress.set("parity")
+def _parity(outs: list[Any], ref_step: Callable[[], Any], n_local: int, rank: int, cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """This rank's outputs of the parity steps against its rows of the single-process
+    reference's outputs, step by step; (parity fields, mismatches)."""
     atol, rtol = float(cfg["atol"]), float(cfg["rtol"])
-    n_local = int(local[0].labels.shape[0])
     lo, hi = rank * n_local, (rank + 1) * n_local
     mismatch: list[str] = []
     worst_out = 0.0
-    outs = [out]
-    for _ in range(PARITY_STEPS - 1):
-        outs.append(step())
     for i, o in enumerate(outs):
-        batch = batches[i % len(batches)]
-        if ref_opt is not None:
-            ref_opt.zero_grad(set_to_none=True)
-        r = forward(ref, batch)
-        if ref_opt is not None:
-            ref_opt.step()
-        r = r[lo:hi]
+        r = ref_step()[lo:hi]
         worst_out = max(worst_out, cell.max_err(r, o.to(r.device)) if r.shape == o.shape else float("inf"))
         if not cell.close(r, o.to(r.device), atol, rtol):
             mismatch.append(
@@ -254,28 +198,82 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
         "atol": atol,
         "rtol": rtol,
     }
+    return parity, mismatch
+
+
+def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
+    cfg = spec["config"]
+    rec: dict[str, Any] = {"rank": rank, "status": "failed", "error": None, "pid": os.getpid()}
+    builtin.disable_compile_caches()
+    fault = faults.parse()
+    device_kind, device = _join(cfg, rank, progress)
+    progress.set("build")
+    t_build = time.perf_counter()
+    b = cell.build_model(cfg["provider"], key.model, key.scale, device_kind, int(cfg["seed"]))
+    rec["build_s"] = time.perf_counter() - t_build
+    module, batches = b.module, list(b.batches)
+    if not batches:
+        raise RuntimeError("model provided no batches")
+    train, lr = key.phase == "train", 0.01
+    ref = copy.deepcopy(module)  # the single-process eager reference: whole batches, no sharding
+    ref.train(train)
+    module.train(train)
+    tables = {f"sparse.{k}": v.detach().clone() for k, v in module.sparse.state_dict().items()}
+    local = [data.local_batch(bt, rank, world) for bt in batches]
+
+    progress.set("prepare")
+    prepared = _prepare(key, module, cell.example_inputs(b, local), train)
+    module.dense = prepared.module
+    rec.update({k: v for k, v in prepared.info.items() if v is not None})
+    mode = mode_registry.get(key.mode)
+
+    progress.set("shard")
+    dmp = _shard(spec, module, tables, device, rank, rec, lr)
+    if faults.skew(fault, rank, dmp.module):
+        rec["fault"] = "skew"
+    optimizer = _dense_optimizer(dmp, lr) if train else None
+
+    def before(n: int) -> None:
+        progress.set(step=n)
+        faults.fire(fault, rank, n)
+
+    forward = cell.forward_fn(b, train)  # the single-process cell's step, loss and backward
+    step = cell.step_fn(dmp, local, optimizer, forward, before)
+    sync: Callable[[], None] = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
+    graphs_before = cell.dynamo_counts()["graphs"]
+    progress.set("first_call")
+    dist.barrier()
+    out, first_call_s = cell.first_call(step, sync)
+    rec["first_call_s"] = first_call_s
+    graphs_first = cell.dynamo_counts()["graphs"]
+    if prepared.reports:
+        rec.update(builtin.merge_reports(prepared.reports))
+    rec["prepare_s"] = prepared.prepare_s
+
+    # Parity with the single-process eager reference over PARITY_STEPS steps.
+    progress.set("parity")
+    outs = [out] + [step() for _ in range(PARITY_STEPS - 1)]
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr) if train else None
+    ref_step = cell.step_fn(ref, batches, ref_opt, forward)
+    parity, mismatch = _parity(outs, ref_step, int(local[0].labels.shape[0]), rank, cfg)
     if train:
-        parity.update(_compare_params(dmp, ref, atol, rtol, mismatch))
-    rec["max_abs_err"] = worst_out
+        parity.update(_compare_params(dmp, ref, parity["atol"], parity["rtol"], mismatch))
+    rec["max_abs_err"] = parity["max_out_err"]
     rec["parity"] = parity
     del ref, ref_opt, outs, out
 
     progress.set("timing")
-    samples = timed_steps(step, cfg, device_kind, sync)
-    rec["latency_ms"] = timing.summarize(samples)
-    median_s = rec["latency_ms"]["median"] / 1e3
-    rec["compile_s"] = prepared.prepare_s + (max(0.0, first_call_s - median_s) if mode.compiled else 0.0)
+    rec["latency_ms"] = timing.summarize(timed_steps(step, cfg, device_kind, sync))
+    cell.record_compile_time(rec, prepared.prepare_s, first_call_s, mode.compiled)
     progress.set("memory")
     static = cell.step_static_tensors(dmp, optimizer)
     dist.barrier()
     rec.update(memory.step_peak_memory(step, device_kind, static))
-    if mode.compiled:
-        counts = cell.dynamo_counts()
-        rec["graphs"] = graphs_first - graphs_before
-        rec["recompiles"] = counts["graphs"] - graphs_first
-        rec["graph_breaks"] = counts["graph_breaks"]
-    else:
-        rec["recompiles"] = 0
+    cell.record_graphs(rec, mode.compiled, graphs_before, graphs_first)
     rec["loadavg_1m"] = os.getloadavg()[0]
     rec["status"] = "mismatch" if mismatch else "ok"
     rec["error"] = "; ".join(mismatch) if mismatch else None
@@ -339,22 +337,26 @@ def timed_steps(
         step()
     sync()
     rank = dist.get_rank()
-    min_iters, max_iters, budget = int(cfg["min_iters"]), int(cfg["max_iters"]), float(cfg["budget_s"])
-    samples: list[float] = []
-    start = time.perf_counter()
-    while True:
+
+    def agree(go: bool) -> bool:  # rank 0's decision; the broadcast lines the starts up
         if rank == 0:
-            done = len(samples) >= max_iters or (
-                len(samples) >= min_iters and time.perf_counter() - start >= budget
-            )
-            flag.fill_(0.0 if done else 1.0)
+            flag.fill_(1.0 if go else 0.0)
         dist.broadcast(flag, 0)
-        if float(flag.item()) == 0.0:
-            return samples
+        return float(flag.item()) != 0.0
+
+    def sample() -> float:
         t0 = time.perf_counter()
         step()
         sync()
-        samples.append((time.perf_counter() - t0) * 1e3)
+        return (time.perf_counter() - t0) * 1e3
+
+    return timing.timed_loop(
+        sample,
+        min_iters=int(cfg["min_iters"]),
+        max_iters=int(cfg["max_iters"]),
+        budget_s=float(cfg["budget_s"]),
+        agree=agree,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
