@@ -238,13 +238,12 @@ def _kind(op: str) -> str | None:
     return None
 
 
-def find_plan(gm: Any, inductor: bool = True) -> Plan:
-    """The fusable groups of a captured graph (``gm`` is changed: the cleanup rules run on it)."""
-    from torch import fx
-
+def _priced_candidates(gm: Any, inductor: bool, plan: Plan) -> tuple[Any, list[Any]]:
+    """(context, the horizontal rules' candidates priced by the cost model, best first), after
+    the cleanup rules ran on ``gm``; candidates of rules without a price are counted in
+    ``plan.unpriced``."""
     from optimus.context import RewriteContext
     from optimus.cost import AnalyticCostModel
-    from optimus.meta import output_requires_grad, tensor_meta, value_meta
     from optimus.normalize import lower_modules
     from optimus.rules import resolve
 
@@ -257,7 +256,6 @@ def find_plan(gm: Any, inductor: bool = True) -> Plan:
         if rule.run(ctx):  # type: ignore[attr-defined]
             ctx = RewriteContext(gm, cost_model)
     order = {r.name: i for i, r in enumerate(rules)}
-    plan = Plan(gm=gm)
     cands = []
     for rule in (r for r in rules if r.kind == "horizontal"):
         found = list(rule.match(ctx))
@@ -270,6 +268,16 @@ def find_plan(gm: Any, inductor: bool = True) -> Plan:
             cand.gain = cost_model.seconds(cand.before, device) - cost_model.seconds(cand.after, device)
             cands.append(cand)
     cands.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
+    return ctx, cands
+
+
+def _operands(gm: Any, plan: Plan) -> Callable[[Any], Any]:
+    """``operand(v)``: a node's value as the plan holds it (a ``Slot`` of ``plan.tensors`` for a
+    tensor, the number for a known scalar, None when unknown); lists item by item."""
+    from torch import fx
+
+    from optimus.meta import output_requires_grad, tensor_meta, value_meta
+
     slots: dict[fx.Node, Slot] = {}
 
     def slot(node: fx.Node) -> Slot | None:
@@ -301,26 +309,41 @@ def find_plan(gm: Any, inductor: bool = True) -> Plan:
             )
         return v
 
-    touched: set[fx.Node] = set()
+    return operand
+
+
+def _members(ctx: Any, cand: Any, operand: Callable[[Any], Any]) -> list[Member] | None:
+    """The candidate's nodes as plan members, or None when one cannot be one (not a fusable
+    kind, in place, or an operand whose value is not known here)."""
+    members = []
+    for node in cand.nodes:
+        canon = ctx.canon(node)
+        kind = None if canon is None else _kind(canon.op)
+        if canon is None or kind is None or canon.inplace:
+            return None
+        kwargs = {k: operand(v) for k, v in canon.kwargs.items()}
+        if any(kwargs[k] is None and canon.kwargs[k] is not None for k in kwargs):
+            return None  # an operand whose value is not known here
+        if kind == "binary":
+            swapped = _tensor_first(canon.op, kwargs)
+            if swapped is None:
+                return None
+            kwargs = swapped
+        members.append(Member(canon.op, kwargs))
+    return members
+
+
+def find_plan(gm: Any, inductor: bool = True) -> Plan:
+    """The fusable groups of a captured graph (``gm`` is changed: the cleanup rules run on it)."""
+    plan = Plan(gm=gm)
+    ctx, cands = _priced_candidates(gm, inductor, plan)
+    operand = _operands(gm, plan)
+    touched: set[Any] = set()
     for cand in cands:
         if any(n in touched for n in cand.nodes):
             continue
-        members = []
-        for node in cand.nodes:
-            canon = ctx.canon(node)
-            kind = None if canon is None else _kind(canon.op)
-            if canon is None or kind is None or canon.inplace:
-                break
-            kwargs = {k: operand(v) for k, v in canon.kwargs.items()}
-            if any(kwargs[k] is None and canon.kwargs[k] is not None for k in kwargs):
-                break  # an operand whose value is not known here
-            if kind == "binary":
-                swapped = _tensor_first(canon.op, kwargs)
-                if swapped is None:
-                    break
-                kwargs = swapped
-            members.append(Member(canon.op, kwargs))
-        else:
+        members = _members(ctx, cand, operand)
+        if members is not None:
             kinds = {_kind(m.op) for m in members}
             if len(kinds) == 1 and len({m.op for m in members}) == 1:
                 touched.update(cand.nodes)
@@ -351,115 +374,110 @@ def _tensor_first(op: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # -- the two standalone programs ---------------------------------------------------------------
-def _resolve(v: Any, ts: Sequence[Any]) -> Any:
-    if isinstance(v, Slot):
-        return ts[v.index]
-    if isinstance(v, (list, tuple)):
-        return type(v)(_resolve(i, ts) for i in v)
-    return v
+class _Specs:
+    """The stacked tensors' specs of one group, shaped after its members' tensors."""
+
+    def __init__(self, group: Group, tensors: Sequence[TensorSpec]) -> None:
+        self.members, self.tensors = group.members, tensors
+
+    def spec(self, shape: Sequence[int], like: Slot, grad: bool | None = None) -> TensorSpec:
+        t = self.tensors[like.index]
+        return TensorSpec(tuple(int(d) for d in shape), t.dtype, t.device, t.grad if grad is None else grad)
+
+    def any_grad(self, name: str) -> bool:
+        return any(
+            isinstance(m.kwargs[name], Slot) and self.tensors[m.kwargs[name].index].grad for m in self.members
+        )
+
+    def of(self, name: str) -> TensorSpec:
+        """The first member's ``name`` tensor."""
+        return self.tensors[self.members[0].kwargs[name].index]
 
 
-def separate_program(plan: Plan) -> tuple[Callable[..., tuple[Any, ...]], list[TensorSpec]]:
-    """Every member of every group as its own op, standalone, on the plan's tensors. Not what is
-    timed (standalone, each op is a kernel of its own; in the compiled model Inductor fuses many
-    into their neighbours: on towers tiny the members alone took longer than the whole compiled
-    step), but the check that the batched kernels compute the members' arithmetic."""
-    from optimus.normalize import EMIT, emit_kwargs
+def _linear_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], list[TensorSpec]]:
+    import torch
+    import torch.nn.functional as F
 
-    members = [m for g in plan.groups for m in g.members]
+    ms, g, first = group.members, len(group.members), group.members[0].kwargs
+    xs = [sp.tensors[m.kwargs["input"].index] for m in ms]
+    ws = [sp.tensors[m.kwargs["weight"].index] for m in ms]
+    bias = first["bias"] is not None
+    if len({m.kwargs["input"] for m in ms}) == 1:  # one input: one wide linear over the weights side by side
+        n = sum(w.shape[0] for w in ws)
+        specs = [xs[0], sp.spec((n, ws[0].shape[1]), first["weight"], sp.any_grad("weight"))]
+        if bias:
+            specs.append(sp.spec((n,), first["bias"], sp.any_grad("bias")))
+        return (lambda x, w, b=None: F.linear(x, w, b)), specs
+    rows = max(math.prod(x.shape[:-1]) for x in xs)
+    k = max(w.shape[1] for w in ws)
+    n = max(w.shape[0] for w in ws)
+    specs = [
+        sp.spec((g, rows, k), first["input"], sp.any_grad("input")),
+        sp.spec((g, k, n), first["weight"], sp.any_grad("weight")),
+    ]
+    if bias:
+        specs.append(sp.spec((g, 1, n), first["bias"], sp.any_grad("bias")))
+        return torch.baddbmm, [specs[2], specs[0], specs[1]]
+    return torch.bmm, specs
 
-    def separate(*ts: Any) -> tuple[Any, ...]:
-        outs = []
-        for m in members:
-            args, kw = emit_kwargs(m.op, {k: _resolve(v, ts) for k, v in m.kwargs.items()})
-            outs.append(EMIT[m.op](*args, **kw))
-        return tuple(outs)
 
-    return separate, list(plan.tensors)
+def _layer_norm_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], list[TensorSpec]]:
+    import torch
+    import torch.nn.functional as F
+
+    g, first = len(group.members), group.members[0].kwargs
+    x = sp.of("input")
+    ns = first["normalized_shape"]
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    eps = first["eps"]
+    affine_shape = (g, *([1] * (len(x.shape) - len(ns))), *ns)
+    specs = [sp.spec((g, *x.shape), first["input"], sp.any_grad("input"))]
+    has_w, has_b = first["weight"] is not None, first["bias"] is not None
+    if has_w:
+        specs.append(sp.spec(affine_shape, first["weight"], sp.any_grad("weight")))
+    if has_b:
+        specs.append(sp.spec(affine_shape, first["bias"], sp.any_grad("bias")))
+
+    def layer_norm(x: Any, *affine: Any) -> Any:
+        out = F.layer_norm(x, ns, None, None, eps)
+        if has_w and has_b:
+            return torch.addcmul(affine[1], out, affine[0])
+        if has_w:
+            return out * affine[0]
+        return out + affine[0] if has_b else out
+
+    return layer_norm, specs
+
+
+def _elementwise_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], list[TensorSpec]]:
+    from optimus.normalize import EMIT, OPS
+
+    g, first, op = len(group.members), group.members[0].kwargs, group.members[0].op
+    fn = EMIT[op]
+    if group.kind == "unary":
+        x = sp.of("input")
+        settings = {k: v for k, v in first.items() if k != "input"}
+        return (lambda x: fn(x, **settings)), [sp.spec((g, *x.shape), first["input"], sp.any_grad("input"))]
+    a_name, b_name = (name for name, _ in OPS[op][:2])
+    rest = {k: v for k, v in first.items() if k not in (a_name, b_name)}
+    specs = [sp.spec((g, *sp.of(a_name).shape), first[a_name], sp.any_grad(a_name))]
+    if isinstance(first[b_name], Slot):
+        specs.append(sp.spec((g, *sp.of(b_name).shape), first[b_name], sp.any_grad(b_name)))
+        return (lambda x, y: fn(x, y, **rest)), specs
+    scalar = first[b_name]
+    return (lambda x: fn(x, scalar, **rest)), specs
 
 
 def _batched_kernel(
     group: Group, tensors: Sequence[TensorSpec]
 ) -> tuple[Callable[..., Any], list[TensorSpec]]:
     """(kernel over pre-stacked tensors, their specs) for one group."""
-    import torch
-    import torch.nn.functional as F
-
-    from optimus.normalize import EMIT
-
-    ms, g = group.members, len(group.members)
-    first = ms[0].kwargs
-
-    def spec(shape: Sequence[int], like: Slot, grad: bool | None = None) -> TensorSpec:
-        t = tensors[like.index]
-        return TensorSpec(tuple(int(d) for d in shape), t.dtype, t.device, t.grad if grad is None else grad)
-
-    def any_grad(name: str) -> bool:
-        return any(isinstance(m.kwargs[name], Slot) and tensors[m.kwargs[name].index].grad for m in ms)
-
+    sp = _Specs(group, tensors)
     if group.kind == "linear":
-        xs = [tensors[m.kwargs["input"].index] for m in ms]
-        ws = [tensors[m.kwargs["weight"].index] for m in ms]
-        bias = first["bias"] is not None
-        shared = len({m.kwargs["input"] for m in ms}) == 1
-        if shared:  # one input: one wide linear over the members' weights side by side
-            n = sum(w.shape[0] for w in ws)
-            k = ws[0].shape[1]
-            specs = [xs[0], spec((n, k), first["weight"], any_grad("weight"))]
-            if bias:
-                specs.append(spec((n,), first["bias"], any_grad("bias")))
-            return (lambda x, w, b=None: F.linear(x, w, b)), specs
-        rows = max(math.prod(x.shape[:-1]) for x in xs)
-        k = max(w.shape[1] for w in ws)
-        n = max(w.shape[0] for w in ws)
-        specs = [
-            spec((g, rows, k), first["input"], any_grad("input")),
-            spec((g, k, n), first["weight"], any_grad("weight")),
-        ]
-        if bias:
-            specs.append(spec((g, 1, n), first["bias"], any_grad("bias")))
-            return torch.baddbmm, [specs[2], specs[0], specs[1]]
-        return torch.bmm, specs
+        return _linear_kernel(group, sp)
     if group.kind == "layer_norm":
-        x = tensors[first["input"].index]
-        ns = first["normalized_shape"]
-        ns = (ns,) if isinstance(ns, int) else tuple(ns)
-        eps = first["eps"]
-        affine_shape = (g, *([1] * (len(x.shape) - len(ns))), *ns)
-        specs = [spec((g, *x.shape), first["input"], any_grad("input"))]
-        has_w, has_b = first["weight"] is not None, first["bias"] is not None
-        if has_w:
-            specs.append(spec(affine_shape, first["weight"], any_grad("weight")))
-        if has_b:
-            specs.append(spec(affine_shape, first["bias"], any_grad("bias")))
-
-        def layer_norm(x: Any, *affine: Any) -> Any:
-            out = F.layer_norm(x, ns, None, None, eps)
-            if has_w and has_b:
-                return torch.addcmul(affine[1], out, affine[0])
-            if has_w:
-                return out * affine[0]
-            return out + affine[0] if has_b else out
-
-        return layer_norm, specs
-    op = ms[0].op
-    fn = EMIT[op]
-    if group.kind == "unary":
-        x = tensors[first["input"].index]
-        settings = {k: v for k, v in first.items() if k != "input"}
-        return (lambda x: fn(x, **settings)), [spec((g, *x.shape), first["input"], any_grad("input"))]
-    from optimus.normalize import OPS
-
-    a_name, b_name = (name for name, _ in OPS[op][:2])
-    rest = {k: v for k, v in first.items() if k not in (a_name, b_name)}
-    a = tensors[first[a_name].index]
-    specs = [spec((g, *a.shape), first[a_name], any_grad(a_name))]
-    if isinstance(first[b_name], Slot):
-        b = tensors[first[b_name].index]
-        specs.append(spec((g, *b.shape), first[b_name], any_grad(b_name)))
-        return (lambda x, y: fn(x, y, **rest)), specs
-    scalar = first[b_name]
-    return (lambda x: fn(x, scalar, **rest)), specs
+        return _layer_norm_kernel(group, sp)
+    return _elementwise_kernel(group, sp)
 
 
 def batched_program(plan: Plan) -> tuple[Callable[..., tuple[Any, ...]], list[TensorSpec]]:

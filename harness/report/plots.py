@@ -130,24 +130,6 @@ def plot_metric(doc: dict[str, Any], metric: metric_registry.Metric, path: Path)
     )  # fmt: skip
 
 
-def plot_latency(doc: dict[str, Any], path: Path) -> Path:
-    return plot_metric(doc, metric_registry.get("latency_ms"), path)
-
-
-def plot_compile_time(doc: dict[str, Any], path: Path) -> Path:
-    return plot_metric(doc, metric_registry.get("compile_s"), path)
-
-
-def memory_unit(doc: dict[str, Any]) -> tuple[str, int]:
-    """KiB, MiB or GiB, whichever keeps the largest bar between 1 and 1024 (readable ticks)."""
-    unit, scale = metric_registry.get("peak_mem_bytes").display_unit(doc["cells"])
-    return unit, round(1 / scale)
-
-
-def plot_peak_memory(doc: dict[str, Any], path: Path) -> Path:
-    return plot_metric(doc, metric_registry.get("peak_mem_bytes"), path)
-
-
 def plot_speedups(rows: list[dict[str, Any]], path: Path) -> Path:
     """Speedup of compile+optimus over compile and over compile+peer, per model and phase."""
     labels = [f"{r['model']}\n{r['phase']}" for r in rows]

@@ -9,6 +9,9 @@ identities between the recorded figures; no test asserts a speed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -138,12 +141,36 @@ def test_cut_program_keeps_what_feeds_a_member_alive() -> None:
     assert [n.op for n in cut.graph.nodes].count("output") == 1
 
 
+def _separate(plan: limit.Plan) -> tuple[Any, list[limit.TensorSpec]]:
+    """Every member of every group as its own op, standalone, on the plan's tensors: the
+    members' arithmetic, which the batched kernels must reproduce."""
+    from optimus.normalize import EMIT, emit_kwargs
+
+    def resolve(v: Any, ts: Sequence[Any]) -> Any:
+        if isinstance(v, limit.Slot):
+            return ts[v.index]
+        if isinstance(v, (list, tuple)):
+            return type(v)(resolve(i, ts) for i in v)
+        return v
+
+    members = [m for g in plan.groups for m in g.members]
+
+    def separate(*ts: Any) -> tuple[Any, ...]:
+        outs = []
+        for m in members:
+            args, kw = emit_kwargs(m.op, {k: resolve(v, ts) for k, v in m.kwargs.items()})
+            outs.append(EMIT[m.op](*args, **kw))
+        return tuple(outs)
+
+    return separate, list(plan.tensors)
+
+
 def test_batched_program_computes_what_the_separate_ops_compute() -> None:
     """The ideal kernel is the same arithmetic on stacked tensors (so the right work is timed)."""
     torch.manual_seed(0)
     model = Towers(G, K, N, slices="unbind", body=("linear", "norm", "tanh"), join="tuple")
     plan = plan_of(model, (torch.randn(G, B, K),))
-    sep, sep_specs = limit.separate_program(plan)
+    sep, sep_specs = _separate(plan)
     bat, bat_specs = limit.batched_program(plan)
     ts = limit.make_tensors(sep_specs, train=False)
     outs = sep(*ts)
