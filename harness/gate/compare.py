@@ -180,7 +180,7 @@ def _judge(metric: metric_registry.Metric, label: str, b: dict[str, Any], n: dic
 
 def _non_finite_figure(*cells: dict[str, Any]) -> str | None:
     """The first judged figure that is NaN/inf in any of ``cells`` (documents built in memory
-    skip ``results.validate``, so the gate checks again what it is about to judge)."""
+    skip ``cell_record.validate``, so the gate checks again what it is about to judge)."""
     for c in cells:
         for metric in metric_registry.judged():
             if any(isinstance(v, float) and not math.isfinite(v) for v in metric.figures(c)):
