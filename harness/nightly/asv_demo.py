@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.env import REPO_ROOT
 from harness.nightly.asv_marks import benchmark_of, mark_dashboard, marks_of
 from harness.nightly.changes import analyse_history
 from harness.nightly.job import load_config
 from harness.store.history_store import Night
 
-ROOT = Path(__file__).resolve().parents[1]
 MACHINE = "synthetic"
 ENV_NAME = "virtualenv-py3.11"
 PAGE = "#bench_compiled.CompiledCells.track_latency_ms"
@@ -87,7 +87,7 @@ def write_asv_results(results: Path, nights: list[Night], commit_of: dict[str, s
 
 def build(history: str, work: Path) -> tuple[Path, list[dict[str, Any]], list[str]]:
     """Publish the dashboard of ``history`` under ``work`` and mark it: (html dir, marks, skipped)."""
-    cfg = load_config(ROOT / "benchmarks" / "nightly_thresholds.json").changes
+    cfg = load_config(REPO_ROOT / "benchmarks" / "nightly_thresholds.json").changes
     found, nights, _left_out, _machine = analyse_history(history, cfg)
     repo = work / "repo"
     commit_of = make_repo(repo, [str(n.night["sha"]) for n in nights])

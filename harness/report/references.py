@@ -14,6 +14,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from harness.env import REPO_ROOT
 from harness.report import paper
 from harness.store import results
 
@@ -23,7 +24,7 @@ REFERENCE_RUNS = (
 )
 """(folder under ``results/``, stem): each folder holds ``<stem>.json`` from ``optimus-bench reproduce``."""
 
-REPO_RESULTS = Path(__file__).resolve().parents[1] / "results"
+REPO_RESULTS = REPO_ROOT / "results"
 
 
 def load_references(root: Path = REPO_RESULTS) -> list[tuple[Path, dict[str, Any]]]:
