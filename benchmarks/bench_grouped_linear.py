@@ -104,7 +104,7 @@ class GroupedLinear:
 def _cuda_ms(fn: Callable[[], Any], iters: int = 50, warmup: int = 5) -> float:
     """Median of ``iters`` CUDA-event timings of ``fn`` in milliseconds (the harness's sampler:
     ``warmup`` untimed calls, then exactly ``iters`` samples, each bracketed by CUDA events)."""
-    from harness.measure import time_iterations
+    from harness.measure.timing import time_iterations
 
     times = time_iterations(fn, warmup=warmup, min_iters=iters, max_iters=iters, budget_s=0.0, device="cuda")
     return sorted(times)[len(times) // 2]

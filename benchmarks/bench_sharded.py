@@ -2,7 +2,7 @@
 its dense part data-parallel, per commit.
 
 Every figure is read from one harness run (``optimus-bench run --nproc N --sharding auto``):
-the cell's latency is the slowest rank's at each step (``harness.sharded.merge``), its peak
+the cell's latency is the slowest rank's at each step (``harness.run.sharded.merge``), its peak
 memory and compile time the largest over ranks. The nightly hands over the cells it measured
 at this commit (``OPTIMUS_ASV_SHARDED_CELLS``), so the torchrun jobs run once per night. A cell
 the harness marks failed (a rank crashed, hung or ran out of memory; parity mismatch) fails

@@ -38,8 +38,8 @@ from typing import Any
 KNOWN_FAMILIES = ("dlrm", "dcn", "towers", "mmoe")
 KNOWN_SCALES = ("tiny", "small", "medium", "large", "xl", "medium-hetero")
 KNOWN_PHASES = ("infer", "train")
-try:  # the modes are defined in harness/mode_registry.py; asv may import this file at an older commit
-    from harness.mode_registry import BASELINES, TARGET, asv_modes
+try:  # the modes are defined in harness/modes/mode_registry.py; asv may import this file at an older commit
+    from harness.modes.mode_registry import BASELINES, TARGET, asv_modes
 
     COMPILED_MODES = asv_modes()
     BASE_MODE = BASELINES[0]
@@ -115,7 +115,7 @@ def widths() -> list[int]:
 
 
 def _cells_doc(path: str, commit: str | None) -> dict[str, Any]:
-    """A results file, or from a nightly history (``.jsonl``, ``harness.history_store``) the newest
+    """A results file, or from a nightly history (``.jsonl``, ``harness.store.history_store``) the newest
     night measured at ``commit`` (else the newest night). A torn last line is skipped, as the
     store's own reader does; the harness is not imported here (asv runs the commit's own)."""
     text = Path(path).read_text()

@@ -6,7 +6,7 @@ asv suite, each with its own unit, format and threshold. Each figure is now one 
 here: its unit, which direction is better, its formats, how the gate judges it and its default
 thresholds (the nightly config's ``harness`` section overrides them by ``rel_key``/``abs_key``).
 Adding a metric is one ``register(Metric(...))`` plus the code that measures it
-(``harness/cell.py``), see docs/harness.md.
+(``harness/run/cell.py``), see docs/harness.md.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class Metric:
     plot_ylabel: str = ""  # '{unit}' filled in
     plot_rank: int = 100  # order of the plots in the report
     plot_compile_modes: bool = False  # only modes with a compile time (mode_registry.Mode.has_compile_time)
-    asv_bench: str | None = None  # the asv benchmark that graphs it (harness.asv_marks)
-    history: bool = False  # a series of the nightly's change-point detection (harness.nightly_changes)
+    asv_bench: str | None = None  # the asv benchmark that graphs it (harness.nightly.asv_marks)
+    history: bool = False  # a series of the nightly's change-point detection (harness.nightly.changes)
     history_unit: str = ""  # unit and scale of the history plots
     history_scale: float = 1.0
 

@@ -11,16 +11,19 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness import mode_registry, provider
+from harness import provider
+from harness.modes import mode_registry
 
 PHASES: tuple[str, ...] = ("infer", "train")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch")
 DEFAULT_PROVIDER = "models:build"
+# How a sharded cell (``--nproc`` > 1) splits its tables; "auto": torchrec's planner chooses.
+SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
 
 
 def __getattr__(name: str) -> Any:
-    """``spec.MODES``: the registered mode names, read when asked (``harness.mode_registry``),
+    """``spec.MODES``: the registered mode names, read when asked (``harness.modes.mode_registry``),
     so a mode registered at run time is allowed too."""
     if name == "MODES":
         return mode_registry.names()
@@ -94,10 +97,10 @@ class RunConfig:
     atol: float = 1e-4
     rtol: float = 1e-3
     provider: str = DEFAULT_PROVIDER
-    nproc: int = 1  # > 1: each cell is one torchrun job of nproc ranks (harness/sharded, docs/sharded.md)
+    nproc: int = 1  # > 1: each cell is one torchrun job of nproc ranks (harness/run/sharded, docs/sharded.md)
     sharding: str = "auto"  # with nproc > 1: the sharding type every table is constrained to
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
-    limit: bool = False  # the compile cells also measure the limit (harness/limit.py)
+    limit: bool = False  # the compile cells also measure the limit (harness/measure/limit.py)
     memory_margin: float | None = None  # the Optimus modes' OptimusConfig.memory_margin; None: its default
 
     def validate(self, check_models: bool = True) -> RunConfig:
@@ -120,8 +123,6 @@ class RunConfig:
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
             raise ValueError(f"nproc: must be an integer >= 1, got {self.nproc!r}")
-        from harness.sharded.plan import SHARDINGS  # no torch import: names only
-
         if self.sharding not in SHARDINGS:
             raise ValueError(f"sharding: unknown {self.sharding!r}; allowed values: {', '.join(SHARDINGS)}")
         v = self.pg_timeout_s

@@ -7,7 +7,7 @@ dashboard looks like, this builds a throw-away git repository with one commit pe
 night's history sha in its message), writes asv result files for those commits straight from
 the history (one ``CompiledCells.track_latency_ms`` figure per cell and night: running asv per
 commit would measure this machine, not the history), runs ``asv publish``, marks the change
-points (``harness.asv_marks``, the same step as ``optimus-bench changes --asv-html``), and
+points (``harness.nightly.asv_marks``, the same step as ``optimus-bench changes --asv-html``), and
 renders the graph in headless Chromium (``scripts/asv_screenshot.py --expect-marks``).
 
     python scripts/asv_changes_demo.py [--history results/nightly-changes-demo/history.jsonl]
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.asv_demo import PAGE, build  # noqa: E402
+from harness.nightly.asv_demo import PAGE, build  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

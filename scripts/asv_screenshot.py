@@ -10,7 +10,7 @@ blank or error page. Two independent checks, both required:
 * the screenshot is not blank: enough pixels differ from the page background.
 
 With ``--expect-marks N`` the graph must also carry N change point labels
-(``div.optimus-change``, drawn by the script ``harness/asv_marks.py`` adds to the site).
+(``div.optimus-change``, drawn by the script ``harness/nightly/asv_marks.py`` adds to the site).
 
 asv loads jQuery, flot and bootstrap from public CDNs. Offline, the page cannot render and
 this script says so (exit 1); ``--assets-dir DIR`` serves local copies instead (files named
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assets-dir", help="local copies of asv's CDN scripts/styles, by file name")
     ap.add_argument("--keep-site", help="with --assets-dir: also write the localized site here (to serve it)")
     ap.add_argument("--expect-marks", type=int, default=0,
-                    help="also require this many change point labels (harness/asv_marks.py) on the graph")  # fmt: skip
+                    help="also require this many change point labels (harness/nightly/asv_marks.py) on the graph")  # fmt: skip
     args = ap.parse_args(argv)
     exe = find_chromium(args.chromium)
     report = check(Path(args.html_dir), Path(args.out), args.page, exe, args.budget_ms,

@@ -1,5 +1,5 @@
 """pytest-benchmark: the headroom micro-benchmark's four variants of one fused tower group (see
-harness/headroom.py, ``optimus-bench headroom``): separate linears, batch_linear with RuntimeStack, the ideal
+harness/diagnose/headroom.py, ``optimus-bench headroom``): separate linears, batch_linear with RuntimeStack, the ideal
 pre-stacked baddbmm, batch_linear with RelayoutParams; forward and forward+backward. With
 ``--benchmark-disable`` (the default in CI) each runs once, as a smoke and parity test.
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import headroom as bench
+from harness.diagnose import headroom as bench
 
 G, B, K, N = 32, 64, 16, 16
 

@@ -35,7 +35,7 @@ def test_the_dashboard_shows_the_change_point_with_its_commit(tmp_path: Path) ->
     pytest.importorskip("otava.analysis", reason="apache-otava is installed by scripts/install-deps")
     if shutil.which("chromium") is None:
         pytest.skip("no chromium: apt-get install -y chromium")
-    from harness.asv_demo import build
+    from harness.nightly.asv_demo import build
 
     html, placed, skipped = build(str(HISTORY), tmp_path)
     assert skipped == [] and len(placed) == 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.nightly import read_asv_conf
+from harness.nightly.job import read_asv_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = "bench_compiled.CompiledSpeedup|bench_optimizer.OptimizeSynthetic.time_optimize"

@@ -20,8 +20,8 @@ def test_add_a_metric_as_the_doc_says(tmp_path: Path) -> None:
         repo / "harness/metric_registry.py", scratch_repo.snippet("docs/harness.md", "metric-registry")
     )
     scratch_repo.insert_after(
-        repo / "harness/cell.py",
-        'cell["latency_ms"] = measure.summarize(samples)',
+        repo / "harness/run/cell.py",
+        'cell["latency_ms"] = timing.summarize(samples)',
         scratch_repo.snippet("docs/harness.md", "metric-cell"),
     )
     out = repo / "results" / "howto.json"

@@ -17,7 +17,7 @@ import scratch_repo
 def test_add_a_mode_as_the_doc_says(tmp_path: Path) -> None:
     repo = scratch_repo.copy_repo(tmp_path / "repo")
     scratch_repo.append(
-        repo / "harness/mode_registry.py", scratch_repo.snippet("docs/harness.md", "mode-registry")
+        repo / "harness/modes/mode_registry.py", scratch_repo.snippet("docs/harness.md", "mode-registry")
     )
 
     out = str(repo / "results" / "howto.json")

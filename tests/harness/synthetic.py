@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from harness import measure
-from harness.results import new_results
+from harness.measure import timing
+from harness.store.results import new_results
 
 
 def latency_samples(
@@ -31,7 +31,7 @@ def cell(model: str, mode: str, phase: str, median_ms: float, *, seed: int, stat
         "phase": phase,
         "status": status,
         "error": None if status == "ok" else f"synthetic {status}",
-        "latency_ms": measure.summarize(latency_samples(median_ms, n, seed)),
+        "latency_ms": timing.summarize(latency_samples(median_ms, n, seed)),
         "peak_mem_bytes": mem,
         "compile_s": compile_s,
         "optimus_s": None,

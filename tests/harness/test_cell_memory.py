@@ -1,12 +1,12 @@
-"""A training cell's CPU peak memory counts each gradient once (session 3 fix)."""
+"""A training cell's CPU peak memory counts each gradient once (not also in the static part)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from harness import measure
-from harness.cell import step_static_tensors
+from harness.measure import memory
+from harness.run.cell import step_static_tensors
 
 
 def test_train_peak_counts_gradients_once() -> None:
@@ -14,7 +14,7 @@ def test_train_peak_counts_gradients_once() -> None:
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 256)
-    param_bytes = measure.storage_bytes(model.parameters())
+    param_bytes = memory.storage_bytes(model.parameters())
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -26,8 +26,8 @@ def test_train_peak_counts_gradients_once() -> None:
     step()  # the previous step's gradients exist, as after the harness's timing loop
     assert all(p.grad is not None for p in model.parameters())
     static = step_static_tensors(model, opt)
-    assert measure.storage_bytes(static) == param_bytes, "gradients are not static: the step remakes them"
-    mem = measure.step_peak_memory(step, "cpu", static)
+    assert memory.storage_bytes(static) == param_bytes, "gradients are not static: the step remakes them"
+    mem = memory.step_peak_memory(step, "cpu", static)
     # The step's own peak holds the gradients backward made; the total counts them once.
     assert param_bytes <= mem["peak_mem_step_bytes"] < param_bytes + 256 * 1024
     assert mem["peak_mem_bytes"] < 2 * param_bytes + 256 * 1024
@@ -36,8 +36,8 @@ def test_train_peak_counts_gradients_once() -> None:
 def test_inference_static_is_parameters_and_buffers() -> None:
     model = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16))
     static = step_static_tensors(model, None)
-    expected = measure.storage_bytes([*model.parameters(), *model.buffers()])
-    assert measure.storage_bytes(static) == expected
+    expected = memory.storage_bytes([*model.parameters(), *model.buffers()])
+    assert memory.storage_bytes(static) == expected
 
 
 def test_peak_place_names_the_op_the_peak_falls_in() -> None:
@@ -46,14 +46,14 @@ def test_peak_place_names_the_op_the_peak_falls_in() -> None:
     def step() -> torch.Tensor:
         return (x @ w).relu().sum()  # the peak: the mm's output and relu's output live at once
 
-    peak, where = measure.cpu_step_peak(step)
+    peak, where = memory.cpu_step_peak(step)
     assert peak >= 2 * 64 * 1024 * 4
     assert where is not None and "relu" in where, where
-    assert measure.step_peak_memory(step, "cpu", [x, w])["peak_mem_at"] == where
+    assert memory.step_peak_memory(step, "cpu", [x, w])["peak_mem_at"] == where
 
 
 def test_peak_place_shortens_backward_and_compiled_names() -> None:
-    place = measure.peak_place
+    place = memory.peak_place
     names = [
         "autograd::engine::evaluate_function: EmbeddingBagBackward0",
         "EmbeddingBagBackward0",
@@ -67,13 +67,13 @@ def test_peak_place_shortens_backward_and_compiled_names() -> None:
 
 
 def test_compare_never_judges_memory_measured_two_ways() -> None:
-    from harness import compare
+    from harness.gate import compare
     from tests.harness import synthetic
 
     old = synthetic.cell("towers", "compile", "train", 10.0, seed=1, mem=97_000_000)
     new = synthetic.cell("towers", "compile", "train", 10.0, seed=2, mem=66_000_000)
     old["peak_mem_method"] = "static tensors + torch.profiler allocator peak"
-    new["peak_mem_method"] = measure.CPU_MEMORY_METHOD
+    new["peak_mem_method"] = memory.CPU_MEMORY_METHOD
     rows = compare.compare_docs(synthetic.doc([old]), synthetic.doc([new]))
     (mem,) = [r for r in rows if r.metric == "peak_mem_bytes"]
     assert mem.verdict == "not comparable" and mem.change is None
@@ -110,5 +110,5 @@ def test_static_counts_the_gradient_buffers_a_relaid_out_model_keeps() -> None:
     static = step_static_tensors(gm, opt)
     kept = retained_gradient_buffers(gm)
     assert kept, "small fused groups keep their gradient buffer between steps"
-    params = measure.storage_bytes(gm.parameters())
-    assert measure.storage_bytes(static) == params + measure.storage_bytes(kept)
+    params = memory.storage_bytes(gm.parameters())
+    assert memory.storage_bytes(static) == params + memory.storage_bytes(kept)

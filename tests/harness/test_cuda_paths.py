@@ -3,7 +3,7 @@
 Two kinds of test. Those marked ``needs_cuda`` run on a host where torch sees a GPU (the lent
 GPU machine: ``python3 -m pytest tests/harness/test_cuda_paths.py``) and are skipped elsewhere.
 The rest run everywhere: the device-selection logic with ``torch.cuda.is_available`` patched,
-and the CUDA branches of ``harness.measure`` against stand-in events and memory counters, so a
+and the CUDA branches of ``harness.measure.timing`` against stand-in events and memory counters, so a
 CPU-only CI still fails if those branches stop reading the events or the peak counter.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from harness import cli, env, exit_codes, measure
+from harness import cli, env, exit_codes
+from harness.measure import memory, timing
 from harness.spec import RunConfig, resolve_device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -70,7 +71,7 @@ def test_git_sha_comes_from_the_environment_outside_git(monkeypatch: pytest.Monk
     assert env.git_info() == {"sha": "0123abc", "dirty": None, "branch": None}
 
 
-# -- the CUDA branches of harness.measure against stand-ins (everywhere) --------------------
+# -- the CUDA branches of harness.measure.timing against stand-ins (everywhere) --------------------
 
 
 class FakeEvent:
@@ -101,13 +102,13 @@ def test_cuda_timing_reads_the_events_and_synchronizes(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(time.perf_counter()))
     steps: list[int] = []
-    samples = measure.time_iterations(
+    samples = timing.time_iterations(
         lambda: steps.append(1), warmup=2, min_iters=4, max_iters=4, budget_s=0.0, device="cuda"
     )
     assert samples == [7.5] * 4
     assert len(steps) == 6 and len(FakeEvent.made) == 8  # one begin/end pair per timed step
     assert len(syncs) == 1  # after the warm-up, so queued warm-up work is not timed
-    assert measure.time_iterations(lambda: None, min_iters=2, max_iters=2, device="cpu") != [7.5] * 2
+    assert timing.time_iterations(lambda: None, min_iters=2, max_iters=2, device="cpu") != [7.5] * 2
 
 
 def test_cuda_peak_resets_then_reads_max_memory_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +128,7 @@ def test_cuda_peak_resets_then_reads_max_memory_allocated(monkeypatch: pytest.Mo
         calls.append("step")
         state["peak"] = state["allocated"] + 300
 
-    got = measure.step_peak_memory(step, "cuda", static_tensors=[torch.zeros(10)])
+    got = memory.step_peak_memory(step, "cuda", static_tensors=[torch.zeros(10)])
     assert calls == ["sync", "reset", "step", "sync"]
     assert got["peak_mem_bytes"] == 1300 and got["peak_mem_static_bytes"] == 1000
     assert got["peak_mem_step_bytes"] == 300 and got["peak_mem_method"] == "cuda.max_memory_allocated"
@@ -140,10 +141,10 @@ def test_cuda_peak_resets_then_reads_max_memory_allocated(monkeypatch: pytest.Mo
 @needs_cuda
 def test_real_events_time_gpu_work_not_the_launch() -> None:
     cycles = 10_000_000  # ~5 ms of GPU spin at ~2 GHz; the launch itself returns in microseconds
-    busy = measure.time_iterations(
+    busy = timing.time_iterations(
         lambda: torch.cuda._sleep(cycles), warmup=1, min_iters=5, max_iters=5, device="cuda"
     )
-    idle = measure.time_iterations(lambda: None, warmup=1, min_iters=5, max_iters=5, device="cuda")
+    idle = timing.time_iterations(lambda: None, warmup=1, min_iters=5, max_iters=5, device="cuda")
     assert min(busy) > 1.0 and min(busy) > 20 * max(max(idle), 1e-3)
 
 
@@ -155,7 +156,7 @@ def test_real_peak_sees_a_step_allocation() -> None:
     def step() -> Any:
         return torch.ones(nbytes, dtype=torch.uint8, device="cuda").sum()
 
-    got = measure.step_peak_memory(step, "cuda", static_tensors=[keep])
+    got = memory.step_peak_memory(step, "cuda", static_tensors=[keep])
     assert got["peak_mem_static_bytes"] >= keep.numel()
     assert got["peak_mem_step_bytes"] >= nbytes
     assert got["peak_mem_bytes"] == got["peak_mem_static_bytes"] + got["peak_mem_step_bytes"]
@@ -171,8 +172,8 @@ def test_real_device_selection_and_env() -> None:
 
 @needs_cuda
 def test_a_harness_cell_on_cuda(tmp_path: Path) -> None:
-    from harness import results
-    from harness.runner import run_suite
+    from harness.run.runner import run_suite
+    from harness.store import results
 
     cfg = RunConfig(models=["towers"], scale="tiny", modes=["eager", "eager+optimus"], phases=["train"],
                     device="cuda", warmup=1, min_iters=3, max_iters=5, budget_s=0.05, timeout_s=300,

@@ -1,6 +1,6 @@
 """The gate cannot go green by losing data, and bad input is one line with its own exit code.
 
-Each test is one hole of issue 18, found by using the CLI as a new user would; each failed
+Each test is one hole found by using the CLI as a new user would; each failed
 on dbcb301 (exit 0, exit 1 shared with "regression", or a traceback). Nothing here measures:
 ``run_suite`` / ``run_ab`` are replaced by a tripwire, so "checked before measuring" is
 checked by the tripwire never firing.
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness import cli, exit_codes, interleaved, runner
+from harness import cli, exit_codes
+from harness.run import interleaved, runner
 from tests.harness import synthetic
 
 FAKES = "tests.harness.fakes:build"
@@ -96,7 +97,7 @@ def test_compare_non_finite_figure_fails_the_gate(
 
 
 def test_compare_non_finite_in_memory_doc_is_non_finite_verdict() -> None:
-    from harness import compare
+    from harness.gate import compare
 
     base = synthetic.doc([synthetic.cell("towers", "compile", "infer", 5.0, seed=1)])
     new = synthetic.doc([synthetic.cell("towers", "compile", "infer", 5.0, seed=2)])

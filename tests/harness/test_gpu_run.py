@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import exit_codes, results
+from harness import exit_codes
+from harness.store import results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-run"
@@ -93,7 +94,8 @@ def test_defaults_cover_every_family_in_the_pair_that_fits(tmp_path: Path) -> No
     8 cells that fit the lent machine's budget; a cell costs about 33 s there), and options after
     ``--`` still win over those defaults."""
     import models
-    from harness import cli, mode_registry
+    from harness import cli
+    from harness.modes import mode_registry
 
     argv_file = tmp_path / "argv"
     fake = tmp_path / "python"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, results
+from harness import cli
 from harness.env import REPO_ROOT
 from harness.spec import MODES
+from harness.store import results
 
 models = pytest.importorskip("models")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import cli, compare, stats
+from harness import cli, stats
+from harness.gate import compare
 from tests.harness import synthetic
 
 

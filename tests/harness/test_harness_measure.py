@@ -7,35 +7,35 @@ import time
 import pytest
 import torch
 
-from harness import measure
+from harness.measure import memory, timing
 
 
 def test_time_iterations_respects_count_and_budget() -> None:
     calls = []
-    samples = measure.time_iterations(
+    samples = timing.time_iterations(
         lambda: calls.append(1), warmup=2, min_iters=3, max_iters=7, budget_s=10.0
     )
     assert len(samples) == 7 and len(calls) == 9  # budget never reached: stops at max_iters
-    samples = measure.time_iterations(
+    samples = timing.time_iterations(
         lambda: time.sleep(0.01), warmup=0, min_iters=2, max_iters=1000, budget_s=0.05
     )
     assert 2 <= len(samples) <= 10  # budget reached after ~5 samples
     assert all(s >= 9.0 for s in samples)  # milliseconds
     with pytest.raises(ValueError, match="min_iters"):
-        measure.time_iterations(lambda: None, min_iters=5, max_iters=2)
+        timing.time_iterations(lambda: None, min_iters=5, max_iters=2)
 
 
 def test_summarize() -> None:
-    s = measure.summarize([4.0, 1.0, 3.0, 2.0, 100.0])
+    s = timing.summarize([4.0, 1.0, 3.0, 2.0, 100.0])
     assert s["median"] == 3.0 and s["q1"] == 2.0 and s["q3"] == 4.0 and s["iqr"] == 2.0 and s["n"] == 5
     assert s["samples"] == [4.0, 1.0, 3.0, 2.0, 100.0]  # raw, in order
     with pytest.raises(ValueError, match="empty"):
-        measure.summarize([])
+        timing.summarize([])
 
 
 def test_storage_bytes_counts_shared_storage_once() -> None:
     w = torch.zeros(10, 10)
-    assert measure.storage_bytes([w, w[0], w.t(), torch.zeros(5)]) == 400 + 20
+    assert memory.storage_bytes([w, w[0], w.t(), torch.zeros(5)]) == 400 + 20
 
 
 def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
@@ -48,7 +48,7 @@ def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
         h2 = torch.relu(h)  # another 512 KiB live at once
         return (h2 @ w2).sum()
 
-    peaks = [measure.cpu_step_peak(step)[0] for _ in range(3)]
+    peaks = [memory.cpu_step_peak(step)[0] for _ in range(3)]
     assert peaks[0] == peaks[1] == peaks[2], "same allocation sequence -> same peak, to the byte"
     assert 2 * 256 * 512 * 4 <= peaks[0] < 2 * 256 * 512 * 4 + 64 * 1024
     del garbage
@@ -56,7 +56,7 @@ def test_cpu_step_peak_is_the_steps_own_allocations_and_repeatable() -> None:
 
 def test_step_peak_memory_adds_static_tensors() -> None:
     w = torch.randn(100, 100)
-    out = measure.step_peak_memory(lambda: w * 2, "cpu", [w])
+    out = memory.step_peak_memory(lambda: w * 2, "cpu", [w])
     assert out["peak_mem_static_bytes"] == 40000
     assert out["peak_mem_bytes"] == 40000 + out["peak_mem_step_bytes"]
     assert out["peak_mem_step_bytes"] >= 40000

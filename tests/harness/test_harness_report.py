@@ -7,8 +7,10 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from harness import cli, paper, results
-from harness.report import write_report
+from harness import cli
+from harness.report import paper
+from harness.report.markdown import write_report
+from harness.store import results
 from tests.harness import synthetic
 
 MODES_MS = {"eager": 9.0, "eager+optimus": 6.0, "compile": 5.0, "compile+peer": 6.0, "compile+optimus": 4.0}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import results
+from harness.store import cell_record, results
 from tests.harness import synthetic
 
 
@@ -33,10 +33,12 @@ def test_corrupt_file_is_rejected_with_clear_message(tmp_path: Path) -> None:
 
 def test_wrong_version_is_rejected(tmp_path: Path) -> None:
     doc = _doc()
-    doc["schema"] = results.SCHEMA + 1
+    doc["schema"] = cell_record.SCHEMA + 1
     p = tmp_path / "r.json"
     p.write_text(json.dumps(doc))
-    with pytest.raises(results.ResultsError, match=rf"schema version {results.SCHEMA + 1} is not supported"):
+    with pytest.raises(
+        results.ResultsError, match=rf"schema version {cell_record.SCHEMA + 1} is not supported"
+    ):
         results.load(p)
 
 

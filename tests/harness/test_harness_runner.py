@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import modes, results
 from harness.env import REPO_ROOT
-from harness.runner import run_suite
+from harness.modes import builtin, mode_registry
+from harness.run.runner import run_suite
 from harness.spec import RunConfig
+from harness.store import results
 from tests.harness import synthetic
 
 FAKES = "tests.harness.fakes:build"
@@ -89,13 +90,13 @@ def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
 def test_missing_optimus_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "optimus", None)
     with pytest.raises(RuntimeError, match="needs the optimus package, which is not importable"):
-        modes.prepare("eager+optimus", None, ())
+        mode_registry.prepare("eager+optimus", None, ())
 
 
 def test_peer_options_cover_every_inductor_pre_grad_pass() -> None:
     from torch._inductor.fx_passes import group_batch_fusion, split_cat
 
-    opts = modes.peer_fusion_options()
+    opts = builtin.peer_fusion_options()
     assert set(opts) == set(group_batch_fusion.PRE_GRAD_FUSIONS) | set(split_cat.PRE_GRAD_PATTERNS)
     assert "batch_linear" in opts and all(v == {} for v in opts.values())
 

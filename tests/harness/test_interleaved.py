@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, interleaved, modes
+from harness import cli
+from harness.measure import timing
+from harness.modes import builtin, mode_registry
+from harness.run import interleaved
 from harness.spec import DEFAULT_PROVIDER
 
 
@@ -22,12 +25,12 @@ class FakeClock:
         return self.t
 
 
-def fake(mode: str, ms: float, clock: FakeClock, calls: list[str]) -> interleaved.Contender:
+def fake(mode: str, ms: float, clock: FakeClock, calls: list[str]) -> timing.Contender:
     def step() -> None:
         calls.append(mode)
         clock.t += ms * clock.load / 1e3
 
-    return interleaved.Contender(mode, step, 0.0, None)
+    return timing.Contender(mode, step, 0.0, None)
 
 
 def test_paired_rounds_cancel_a_drift_that_unpaired_medians_would_carry() -> None:
@@ -37,7 +40,7 @@ def test_paired_rounds_cancel_a_drift_that_unpaired_medians_would_carry() -> Non
     def drift(r: int) -> None:
         clock.load = 1.0 + 0.5 * r  # the machine gets slower every round
 
-    samples = interleaved.interleave([a, b], rounds=6, steps=2, warmup=1, clock=clock, progress=drift)
+    samples = timing.interleave([a, b], rounds=6, steps=2, warmup=1, clock=clock, progress=drift)
     assert calls[:2] == ["compile", "compile+optimus"]  # warm-up, then rounds
     rounds = calls[2:]
     assert rounds[:4] == ["compile"] * 2 + ["compile+optimus"] * 2  # round 0: as given
@@ -58,7 +61,7 @@ def test_summarize_names_a_missing_base() -> None:
 @pytest.fixture(autouse=True)
 def _keep_this_process_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """ab is a command with a process of its own; in pytest keep the caches and threads as they are."""
-    monkeypatch.setattr(modes, "disable_compile_caches", lambda: None)
+    monkeypatch.setattr(builtin, "disable_compile_caches", lambda: None)
 
 
 def test_run_ab_on_a_tiny_model(tmp_path: Path) -> None:
@@ -104,13 +107,13 @@ def test_cli_ab_writes_json_and_checks_its_arguments(
 def test_the_peer_options_are_restored_after_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._inductor.config as inductor_config
 
-    real = modes.prepare
+    real = mode_registry.prepare
 
     def prepare(mode, dense, example):  # type: ignore[no-untyped-def]
         inductor_config.pre_grad_fusion_options = {"batch_linear": {}}  # what the peer mode does
         return real("eager", dense, example)
 
-    monkeypatch.setattr(modes, "prepare", prepare)
+    monkeypatch.setattr(mode_registry, "prepare", prepare)
     before = dict(inductor_config.pre_grad_fusion_options)
     interleaved.contender(
         "towers", "tiny", "compile+peer", "infer", device="cpu", seed=0, provider=DEFAULT_PROVIDER

@@ -1,4 +1,4 @@
-"""The limit of a cell (harness/limit.py): the groups it finds, the programs it times, its formulas.
+"""The limit of a cell (harness/measure/limit.py): the groups it finds, the programs it times, its formulas.
 
 Known by construction: a Towers model that is nothing but one group of G independent linears
 (``x.unbind(0)`` -> G x Linear(K -> N) -> tuple) has exactly one fusable group of G members of
@@ -9,11 +9,15 @@ identities between the recorded figures; no test asserts a speed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
-from harness import limit, paper, report
+from harness.measure import limit
+from harness.report import markdown, paper
 from models.synthetic_towers import Towers
 
 G, B, K, N = 4, 6, 8, 5
@@ -137,12 +141,36 @@ def test_cut_program_keeps_what_feeds_a_member_alive() -> None:
     assert [n.op for n in cut.graph.nodes].count("output") == 1
 
 
+def _separate(plan: limit.Plan) -> tuple[Any, list[limit.TensorSpec]]:
+    """Every member of every group as its own op, standalone, on the plan's tensors: the
+    members' arithmetic, which the batched kernels must reproduce."""
+    from optimus.normalize import EMIT, emit_kwargs
+
+    def resolve(v: Any, ts: Sequence[Any]) -> Any:
+        if isinstance(v, limit.Slot):
+            return ts[v.index]
+        if isinstance(v, (list, tuple)):
+            return type(v)(resolve(i, ts) for i in v)
+        return v
+
+    members = [m for g in plan.groups for m in g.members]
+
+    def separate(*ts: Any) -> tuple[Any, ...]:
+        outs = []
+        for m in members:
+            args, kw = emit_kwargs(m.op, {k: resolve(v, ts) for k, v in m.kwargs.items()})
+            outs.append(EMIT[m.op](*args, **kw))
+        return tuple(outs)
+
+    return separate, list(plan.tensors)
+
+
 def test_batched_program_computes_what_the_separate_ops_compute() -> None:
     """The ideal kernel is the same arithmetic on stacked tensors (so the right work is timed)."""
     torch.manual_seed(0)
     model = Towers(G, K, N, slices="unbind", body=("linear", "norm", "tanh"), join="tuple")
     plan = plan_of(model, (torch.randn(G, B, K),))
-    sep, sep_specs = limit.separate_program(plan)
+    sep, sep_specs = _separate(plan)
     bat, bat_specs = limit.batched_program(plan)
     ts = limit.make_tensors(sep_specs, train=False)
     outs = sep(*ts)
@@ -237,7 +265,7 @@ def test_summary_and_tables() -> None:
     )
     ptable = paper.format_paper_table(paper.paper_rows(doc))
     assert "ideal speedup vs compile | headroom captured |" in ptable and "| 1.67x | 50% |" in ptable
-    md = report.render(doc, "t", [])
+    md = markdown.render(doc, "t", [])
     assert "## The limit" in md
 
 
@@ -266,7 +294,7 @@ def test_failed_limit_is_not_shown() -> None:
 def test_measure_cell_on_the_towers_family(phase: str) -> None:
     """The harness's own towers model at tiny, eager programs (no compile): groups of every kind."""
     import models
-    from harness.cell import input_requires_grad
+    from harness.run.cell import input_requires_grad
 
     train = phase == "train"
     b = models.build("towers", scale="tiny", device="cpu", seed=0)
@@ -295,7 +323,7 @@ def test_limit_must_be_a_bool() -> None:
 def test_compile_cell_records_its_limit() -> None:
     """One compile cell at tiny with --limit, in its own process: the two standalone programs are
     compiled by Inductor (tens of seconds on a 2-core CPU)."""
-    from harness.runner import run_one
+    from harness.run.runner import run_one
     from harness.spec import CellKey, RunConfig
 
     cfg = RunConfig(["towers"], "tiny", ["compile"], ["infer"], warmup=1, min_iters=2, max_iters=3,

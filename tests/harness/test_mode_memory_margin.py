@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from harness import modes
+from harness.modes import builtin
 from models.synthetic_towers import Towers
 
 
@@ -21,7 +21,7 @@ def _prepare() -> tuple[dict, Any]:
     model = Towers(n=8, width=16).eval()
     x = torch.randn(64, 8 * 16)
     with torch.no_grad():
-        gm, _, fields = modes._optimize_relayout(model, (x,))
+        gm, _, fields = builtin._optimize_relayout(model, (x,))
     return fields, gm.optimus_report
 
 
@@ -31,7 +31,7 @@ def test_margin_one_judges_the_tower_chain_as_one_rewrite_and_default_does_not()
     parameters (no weights stacked per call) the whole chain lifts no estimated peak, so it is
     taken whole; link by link, before vertical chains, the margin declined its first links."""
     default_fields, default = _prepare()
-    with modes.memory_margin(1.0):
+    with builtin.memory_margin(1.0):
         strict_fields, strict = _prepare()
     assert default.chains == {}
     assert strict.chains == {"vertical chain (batch_linear > batch_layer_norm > batch_unary)": 1}
@@ -41,7 +41,7 @@ def test_margin_one_judges_the_tower_chain_as_one_rewrite_and_default_does_not()
 
 
 def test_the_margin_does_not_outlive_its_block() -> None:
-    with modes.memory_margin(1.0):
+    with builtin.memory_margin(1.0):
         pass
-    assert modes._MEMORY_MARGIN[0] is None
+    assert builtin._MEMORY_MARGIN[0] is None
     assert _prepare()[1].chains == {}  # the gate is off again: no chain is judged

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import optimus
-from harness import modes
-from harness.runner import run_one
+from harness.modes import builtin, mode_registry
+from harness.run.runner import run_one
 from harness.spec import CellKey, RunConfig
 
 
@@ -28,9 +28,9 @@ class ThreeTowers(nn.Module):
 
 def test_eager_optimus_prepared_carries_its_report() -> None:
     torch.manual_seed(0)
-    prepared = modes.prepare("eager+optimus", ThreeTowers(), (torch.randn(4, 8),))
+    prepared = mode_registry.prepare("eager+optimus", ThreeTowers(), (torch.randn(4, 8),))
     assert len(prepared.reports) == 1
-    merged = modes.merge_reports(prepared.reports)
+    merged = builtin.merge_reports(prepared.reports)
     assert merged["rules_fired"] == prepared.reports[0].rules_fired and merged["rules_fired"]
     assert merged["optimus_graphs"] == 1 and merged["stop_reason"] == "saturated"
 
@@ -92,8 +92,8 @@ def test_compile_optimus_records_chunked_groups_in_inference() -> None:
     x = torch.randn(256, 96)  # a member's tower and gate, [256, 32] floats: 32 KiB; 256 KiB chunks
     with torch.no_grad():
         expected = module(x)
-    gm, _seconds, fields = modes._optimize_relayout(module, (x,), inductor=True)
+    gm, _seconds, fields = builtin._optimize_relayout(module, (x,), inductor=True)
     assert fields["chunked_groups"] == 1
-    assert modes.merge_reports([gm.optimus_report])["chunked_groups"] == 1
+    assert builtin.merge_reports([gm.optimus_report])["chunked_groups"] == 1
     with torch.no_grad():
         torch.testing.assert_close(gm(x), expected)

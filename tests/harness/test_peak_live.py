@@ -1,4 +1,4 @@
-"""harness.peak_live: the buffers live at a step's peak, by where they were allocated.
+"""harness.diagnose.peak_live: the buffers live at a step's peak, by where they were allocated.
 
 Steps whose live set at the peak is known by construction: named regions allocate buffers of
 known sizes, some freed before the peak and some after."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
-from harness import measure
-from harness.peak_live import live_at_peak, markdown_rows
+from harness.diagnose.peak_live import live_at_peak, markdown_rows
+from harness.measure import memory
 
 F32 = 4
 
@@ -37,13 +37,13 @@ def test_the_live_set_is_what_was_allocated_and_not_yet_freed_at_the_peak() -> N
 
 
 def test_the_peak_agrees_with_the_harness_memory_figure() -> None:
-    """The same running sum as the cells' ``peak_mem_bytes`` (harness.measure.cpu_step_peak)."""
+    """The same running sum as the cells' ``peak_mem_bytes`` (harness.measure.memory.cpu_step_peak)."""
     x, w = torch.randn(64, 256), torch.randn(256, 1024)
 
     def step() -> torch.Tensor:
         return (x @ w).relu().sum()
 
-    peak, where = measure.cpu_step_peak(step)
+    peak, where = memory.cpu_step_peak(step)
     live = live_at_peak(step)
     assert (live.peak_bytes, live.at) == (peak, where)
     assert sum(b.nbytes for b in live.buffers) >= 2 * 64 * 1024 * F32  # mm and relu outputs

@@ -1,4 +1,4 @@
-"""harness.profile_cell: the breakdown arithmetic, the table, the command's errors, and one real
+"""harness.diagnose.profile_cell: the breakdown arithmetic, the table, the command's errors, and one real
 CPU run of a tiny model (both modes profiled, each op counted once per step)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import profile_cell as pc
+from harness.diagnose import profile_cell as pc
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_profiles_a_tiny_model_on_cpu(tmp_path: Path) -> None:
     assert opt["ops_per_step"] < eager["ops_per_step"]  # fused: fewer ops per step
     md = (tmp_path / "profile.md").read_text()
     assert "| matmul us |" in md and "## eager+optimus" in md and "rules fired:" in md
-    for m in (eager, opt):  # what holds each mode's peak (harness.peak_live)
+    for m in (eager, opt):  # what holds each mode's peak (harness.diagnose.peak_live)
         live = m["peak_live"]
         assert live["peak_step_bytes"] > 0 and live["groups"], live
         assert sum(g["bytes"] for g in live["groups"]) == live["live_bytes"]

@@ -1,4 +1,4 @@
-"""The reproduce report shows the committed reference runs (harness/references.py) beside the fresh one."""
+"""The reproduce report shows the committed reference runs (harness/report/references.py) beside the fresh one."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import synthetic
 
-from harness import references, results
+from harness.report import references
 from harness.spec import CellKey
+from harness.store import results
 
 
 def _write_run(

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare, results
-from harness.report import render
-from harness.runner import run_suite
-from harness.sharded import data, faults, merge
-from harness.sharded import plan as planmod
+from harness.gate import compare
+from harness.report.markdown import render
+from harness.run.runner import run_suite
+from harness.run.sharded import data, faults, merge
+from harness.run.sharded import plan as planmod
 from harness.spec import RunConfig
+from harness.store import results
 
 pytest.importorskip("torchrec")
 
@@ -104,7 +105,7 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
     assert {r.verdict for r in compare.compare_docs(single, doc)} == {"not comparable"}
     md = render(doc, "t", [])
     assert "## Sharded cells" in md and "table_wise x4" in md and "2 ranks per cell" in md
-    from harness.sharded import table
+    from harness.report import sharded_table as table
 
     lines = table.rows([doc], [single])
     assert len(lines) == 2 + 2 and "| towers | infer | eager | table_wise x4 |" in lines[2]
@@ -116,7 +117,7 @@ def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
 ) -> None:
     # dcn's dense arch under eager+optimus: with the re-layout DDP reduced the stacked parameter,
     # not its members, and the ranks drifted (outputs off by 1.6e-3 after one step); training
-    # under DDP stacks per call instead (harness.modes.data_parallel_training)
+    # under DDP stacks per call instead (harness.modes.builtin.data_parallel_training)
     cfg = _cfg(models=["dcn"], modes=["eager+optimus"], sharding="data_parallel", phases=["train"])
     ok = _run(tmp_path, cfg, "dp.json")["cells"][0]
     assert ok["status"] == "ok", ok.get("error")
@@ -259,8 +260,8 @@ def _rec(rank: int, samples: list[float], **kw: object) -> dict:
 
 
 def test_merge_takes_the_slowest_rank_per_step() -> None:
-    from harness.cell_record import empty
     from harness.spec import CellKey
+    from harness.store.cell_record import empty
 
     cell = empty(CellKey("towers", "tiny", "eager", "infer"))
     merge.merge(cell, {0: _rec(0, [1.0, 5.0, 1.0]), 1: _rec(1, [2.0, 1.0, 3.0])}, 2)
@@ -289,7 +290,7 @@ def test_diagnose_names_the_rank() -> None:
 
 
 def test_resume_checks_the_rank_count(tmp_path: Path) -> None:
-    from harness.runner import _check_resumable
+    from harness.run.runner import _check_resumable
 
     cfg = RunConfig(models=["towers"]).validate().as_dict()
     older = {k: v for k, v in cfg.items() if k not in ("nproc", "sharding", "pg_timeout_s")}

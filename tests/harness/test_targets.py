@@ -1,4 +1,4 @@
-"""`optimus-bench targets` (harness/targets.py) judges the issue-7 goals from results files: met, missed, no data."""
+"""`optimus-bench targets` (harness/gate/targets.py) judges the issue-7 goals from results files: met, missed, no data."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import synthetic
 
 from harness import cli, exit_codes
-from harness import targets as perf_targets
+from harness.gate import targets as perf_targets
 
 
 def _cells(scale: str, opt_ms: float, opt_compile_s: float, peer_status: str = "ok") -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import outside_gain
+from harness.diagnose import outside_gain
 from models import outside
 from models.outside import deepctr_zoo, torchrec_zoo
 

@@ -1,4 +1,4 @@
-"""The change points marked on a published asv dashboard (``harness.asv_marks``), without a browser.
+"""The change points marked on a published asv dashboard (``harness.nightly.asv_marks``), without a browser.
 
 A published site is faked by its two files the step reads (``index.html``, ``index.json``);
 the browser check of the real dashboard is ``tests/benchmarks_asv/test_asv_changes_dashboard.py``.
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.asv_marks import SCRIPT, TAG, mark_dashboard, marks_of
-from harness.changepoints import describe
 from harness.cli import main
-from harness.nightly_changes import Series, SeriesResult
+from harness.nightly.asv_marks import SCRIPT, TAG, mark_dashboard, marks_of
+from harness.nightly.changepoints import describe
+from harness.nightly.changes import Series, SeriesResult
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "results" / "nightly-changes-demo" / "history.jsonl"
@@ -99,8 +99,8 @@ def test_changes_command_marks_the_history_change_point(
 
 
 def test_the_nightly_marks_the_dashboard_its_asv_config_publishes_to(tmp_path: Path) -> None:
-    from harness.nightly import ChangePoints, mark_changes
-    from harness.nightly_changes import ChangeConfig
+    from harness.nightly.changes import ChangeConfig
+    from harness.nightly.job import ChangePoints, mark_changes
 
     shas = [f"{i:02d}" * 20 for i in range(8)]
     html = _site(tmp_path, shas)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import asv_results, nightly
+from harness.nightly import asv_results, job
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "asv_results"
 MACHINE = "fixture-machine"
@@ -22,7 +22,7 @@ def rows(results_dir: Path = FIXTURE) -> dict[str, asv_results.AsvRow]:
     before = asv_results.read_commit(results_dir, MACHINE, BEFORE)
     after = asv_results.read_commit(results_dir, MACHINE, AFTER)
     out = asv_results.compare(before, after, factor=1.1)
-    nightly.classify_asv(out, ["track_speedup"], ["bench_compiled.CompiledCells."])
+    job.classify_asv(out, ["track_speedup"], ["bench_compiled.CompiledCells."])
     return {r.name: r for r in out}
 
 
@@ -96,6 +96,6 @@ def test_asv_compare_reads_the_results_dir_of_the_config(tmp_path: Path) -> None
     conf = tmp_path / "asv.conf.json"
     conf.write_text('{\n// a comment asv allows\n"version": 1, "results_dir": "res"}\n')
     logged: list[str] = []
-    got = nightly.Asv(conf, logged.append, MACHINE).compare(BEFORE, AFTER, 1.1)
+    got = job.Asv(conf, logged.append, MACHINE).compare(BEFORE, AFTER, 1.1)
     assert {r.name for r in got} == set(rows())
     assert "res/fixture-machine" in logged[-1]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.alert_policy import AlertPolicy, Tracker
-from harness.changepoints import Change, OtavaDetector, describe, detect
-from harness.nightly_changes import ChangeConfig, analyse, build_series, commit_range, config_from
+from harness.nightly.alert_policy import AlertPolicy, Tracker
+from harness.nightly.changepoints import Change, OtavaDetector, describe, detect
+from harness.nightly.changes import ChangeConfig, analyse, build_series, commit_range, config_from
 
 pytest.importorskip("otava.analysis", reason="apache-otava is installed by scripts/install-deps")
 
@@ -98,8 +98,8 @@ def test_policy_and_config_validation_name_the_field() -> None:
 
 
 def test_history_series_locate_the_commit_range(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from harness import history_store
-    from harness.replay import Noise, write_demo_history
+    from harness.nightly.replay import Noise, write_demo_history
+    from harness.store import history_store
 
     path = tmp_path / "history.jsonl"
     write_demo_history(str(path), nights=40, step_at=26, step=0.12, seed=3, noise=Noise(night=0.02))
@@ -139,8 +139,8 @@ def test_replay_and_changes_commands_run(tmp_path, capsys) -> None:  # type: ign
 
 
 def test_noise_measured_from_the_committed_tiny_runs() -> None:
-    from harness import results
-    from harness.replay import noise_from_results
+    from harness.nightly.replay import noise_from_results
+    from harness.store import results
 
     a = results.load("results/tiny/at-32c82f5.json")
     b = results.load("results/tiny/reproduce-tiny.json")

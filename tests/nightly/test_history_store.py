@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness import cli, exit_codes, history_store, results
+from harness import cli, exit_codes
+from harness.store import cell_record, history_store
 from tests.harness import synthetic
 
 
@@ -38,7 +39,7 @@ def test_append_and_read_round_trip(tmp_path: Path) -> None:
     nights = history_store.read(path)
     assert [n.night["sha"][0] for n in nights] == ["0", "1", "2"]
     assert [n.line for n in nights] == [1, 2, 3]
-    assert nights[0].results == results.validate(_doc(seed=0))
+    assert nights[0].results == cell_record.validate(_doc(seed=0))
 
 
 def test_compare_reads_a_night_of_the_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

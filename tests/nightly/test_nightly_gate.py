@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-from harness import cli, exit_codes, nightly, results, runner
+from harness import cli, exit_codes
+from harness.nightly import job
+from harness.run import runner
+from harness.store import results
 from tests.harness import synthetic
 
 ARGV = ["nightly", "--models", "towers", "--modes", "compile", "--phases", "infer", "--no-asv", "--no-sharded",
@@ -39,7 +42,7 @@ def _fake_night(monkeypatch: pytest.MonkeyPatch, status: str) -> list[str]:
 
     monkeypatch.setattr(runner, "run_suite", fake_suite)
     monkeypatch.setattr(runner, "run_one", fake_one)
-    monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "b" * 40, "dirty": False, "branch": "main"})
+    monkeypatch.setattr(job, "git_info", lambda: {"sha": "b" * 40, "dirty": False, "branch": "main"})
     return calls
 
 
@@ -54,7 +57,7 @@ def test_failed_cell_makes_an_incomplete_night_never_a_base(
     assert calls == ["suite", "rerun"]  # a failed cell is measured again before it counts
     history = json.loads((tmp_path / "store" / "history.json").read_text())
     assert [r["status"] for r in history["runs"]] == ["incomplete"]
-    assert nightly.last_good(history, tmp_path / "store") is None
+    assert job.last_good(history, tmp_path / "store") is None
 
 
 def test_first_night_with_a_failed_cell_is_not_a_baseline(
@@ -62,7 +65,7 @@ def test_first_night_with_a_failed_cell_is_not_a_baseline(
 ) -> None:
     _fake_night(monkeypatch, "timeout")
     assert cli.main([*ARGV, "--store", str(tmp_path)]) == exit_codes.INCOMPLETE
-    assert nightly.last_good(nightly.load_history(tmp_path), tmp_path) is None
+    assert job.last_good(job.load_history(tmp_path), tmp_path) is None
 
 
 def test_bad_base_and_store_are_refused_before_measuring(
@@ -87,7 +90,7 @@ def test_bad_base_and_store_are_refused_before_measuring(
 
 def _history(store: Path, medians: list[float], flagged_from: int | None = None) -> None:
     """Nights of one machine (synthetic.doc's env) with the given towers medians."""
-    from harness import history_store
+    from harness.store import history_store
 
     for i, m in enumerate(medians):
         doc = synthetic.doc([synthetic.cell("towers", "compile", "infer", m, seed=100 + i)])
@@ -112,7 +115,7 @@ def _tonight(monkeypatch: pytest.MonkeyPatch, median: float) -> None:
 
     monkeypatch.setattr(runner, "run_suite", fake_suite)
     monkeypatch.setattr(runner, "run_one", lambda *a: cell())
-    monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "c" * 40, "dirty": False, "branch": "main"})
+    monkeypatch.setattr(job, "git_info", lambda: {"sha": "c" * 40, "dirty": False, "branch": "main"})
 
 
 def _base(tmp_path: Path) -> str:
@@ -130,9 +133,9 @@ def test_pairwise_flag_alone_with_enough_history_is_recorded_not_alerted(
     assert cli.main([*ARGV, "--store", str(store), "--base", _base(tmp_path)]) == exit_codes.OK
     out = capsys.readouterr().out
     assert "# Nightly FLAGGED" in out and "## Change points over the history" in out
-    history = nightly.load_history(store)
+    history = job.load_history(store)
     assert [r["status"] for r in history["runs"]] == ["flagged"]
-    assert nightly.last_good(history, store) is None  # never a base: the next night is judged against 5.0
+    assert job.last_good(history, store) is None  # never a base: the next night is judged against 5.0
 
 
 def test_short_history_keeps_the_pairwise_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,7 +155,7 @@ def test_step_seen_by_detector_and_pairwise_gate_alerts(
     out = capsys.readouterr().out
     assert "**ALERT tonight (agree)**" in out
     assert "1313131313..1414141414" in out  # the commit range where it starts
-    from harness import history_store
+    from harness.store import history_store
 
     nights = history_store.read(store / "history.jsonl")
     assert len(nights) == 16 and nights[-1].night["status"] == "regression"

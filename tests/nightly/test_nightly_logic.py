@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import compare, exit_codes, measure, nightly
+from harness import exit_codes
+from harness.gate import compare
+from harness.measure import timing
+from harness.nightly import job
 from harness.spec import CellKey
 
 TH = compare.Thresholds()
@@ -59,7 +62,7 @@ def scripted(replies: dict[str, list[dict[str, Any]]]) -> Any:
 def test_unchanged_cells_are_not_flagged_and_not_rerun() -> None:
     base, new = doc(cell("a", 1.0, 1), cell("b", 2.0, 2)), doc(cell("a", 1.0, 3), cell("b", 2.0, 4))
     rerun = scripted({})
-    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    out = job.confirm_regressions(base, new, TH, rerun, max_reruns=1)
     assert out.first_flagged == set() and out.confirmed == set()
     assert rerun.calls == []
 
@@ -67,7 +70,7 @@ def test_unchanged_cells_are_not_flagged_and_not_rerun() -> None:
 def test_slowdown_flagged_twice_is_confirmed() -> None:
     base, new = doc(cell("a", 1.0, 1), cell("b", 2.0, 2)), doc(cell("a", 1.15, 3), cell("b", 2.0, 4))
     rerun = scripted({"a/tiny/eager/infer": [cell("a", 1.15, 5)]})
-    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    out = job.confirm_regressions(base, new, TH, rerun, max_reruns=1)
     assert out.confirmed == {("a/tiny/eager/infer", "latency_ms")}
     assert rerun.calls == ["a/tiny/eager/infer"]
     assert [r.verdict for r in out.rows if r.metric == "latency_ms" and r.cell.startswith("a/")] == [
@@ -78,7 +81,7 @@ def test_slowdown_flagged_twice_is_confirmed() -> None:
 def test_flag_that_a_rerun_does_not_repeat_is_not_a_regression() -> None:
     base, new = doc(cell("a", 1.0, 1)), doc(cell("a", 1.3, 3))  # a noisy night
     rerun = scripted({"a/tiny/eager/infer": [cell("a", 1.0, 6)]})
-    out = nightly.confirm_regressions(base, new, TH, rerun, max_reruns=1)
+    out = job.confirm_regressions(base, new, TH, rerun, max_reruns=1)
     assert out.first_flagged == {("a/tiny/eager/infer", "latency_ms")}
     assert out.confirmed == set()
     assert out.reruns[0].flagged == []
@@ -92,14 +95,14 @@ def test_metric_must_be_flagged_by_every_measurement() -> None:
     slow_mem = copy.deepcopy(cell("a", 1.0, 3))
     slow_mem["peak_mem_bytes"] = 2_000_000  # the rerun flags memory, not latency
     rerun = scripted({"a/tiny/eager/infer": [slow_mem]})
-    out = nightly.confirm_regressions(base, doc(slow), TH, rerun, max_reruns=1)
+    out = job.confirm_regressions(base, doc(slow), TH, rerun, max_reruns=1)
     assert out.confirmed == set()
     assert {r.verdict for r in out.rows if r.metric == "peak_mem_bytes"} == {"not confirmed"}
 
 
 def test_no_reruns_means_first_flag_counts() -> None:
     rerun = scripted({})
-    out = nightly.confirm_regressions(doc(cell("a", 1.0, 1)), doc(cell("a", 1.2, 2)), TH, rerun, 0)
+    out = job.confirm_regressions(doc(cell("a", 1.0, 1)), doc(cell("a", 1.2, 2)), TH, rerun, 0)
     assert out.confirmed == {("a/tiny/eager/infer", "latency_ms")}
 
 
@@ -107,12 +110,12 @@ def test_failed_cell_is_a_regression_after_rerun() -> None:
     broken = cell("a", 1.0, 2)
     broken.update(status="failed", error="RuntimeError: boom", latency_ms=None)
     rerun = scripted({"a/tiny/eager/infer": [copy.deepcopy(broken)]})
-    out = nightly.confirm_regressions(doc(cell("a", 1.0, 1)), doc(broken), TH, rerun, 1)
+    out = job.confirm_regressions(doc(cell("a", 1.0, 1)), doc(broken), TH, rerun, 1)
     assert out.confirmed == {("a/tiny/eager/infer", "status")}
 
 
 def test_config_file_in_repo_loads() -> None:
-    cfg = nightly.load_config()
+    cfg = job.load_config()
     assert cfg.thresholds.latency > 0 and cfg.max_reruns >= 1
     assert "track_speedup" in cfg.higher_is_better
 
@@ -133,7 +136,7 @@ def test_config_file_in_repo_loads() -> None:
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, patch: dict[str, Any], message: str) -> None:
-    cfg = json.loads(nightly.DEFAULT_CONFIG.read_text())
+    cfg = json.loads(job.DEFAULT_CONFIG.read_text())
     for k, v in patch.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
             cfg[k].update(v)
@@ -142,21 +145,21 @@ def test_bad_config_names_the_field(tmp_path: Path, patch: dict[str, Any], messa
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(cfg))
     with pytest.raises(ValueError) as e:
-        nightly.load_config(p)
+        job.load_config(p)
     assert message in str(e.value)
 
 
 def test_cell_params_of_asv_names() -> None:
-    assert nightly.cell_params("b.C.track_speedup('towers', 'tiny', 'infer')") == ("towers", "tiny", "infer")
-    assert nightly.cell_params("b.C.time_optimize(64)") == ("64",)
-    assert nightly.cell_params("b.C.time_x") is None
+    assert job.cell_params("b.C.track_speedup('towers', 'tiny', 'infer')") == ("towers", "tiny", "infer")
+    assert job.cell_params("b.C.time_optimize(64)") == ("64",)
+    assert job.cell_params("b.C.time_x") is None
 
 
 @pytest.mark.parametrize("raw", ["abc", "-0.1", "nan", "inf"])
 def test_injected_slowdown_rejects_bad_values(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, raw)
+    monkeypatch.setenv(timing.INJECT_SLOWDOWN_ENV, raw)
     with pytest.raises(ValueError, match="OPTIMUS_BENCH_INJECT_SLOWDOWN"):
-        measure.injected_slowdown()
+        timing.injected_slowdown()
 
 
 def test_injected_slowdown_lengthens_each_sample(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,11 +173,11 @@ def test_injected_slowdown_lengthens_each_sample(monkeypatch: pytest.MonkeyPatch
     def step() -> None:
         clock[0] += 2e-3
 
-    monkeypatch.setattr(measure.time, "perf_counter", perf_counter)
-    monkeypatch.delenv(measure.INJECT_SLOWDOWN_ENV, raising=False)
-    plain = measure.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
-    monkeypatch.setenv(measure.INJECT_SLOWDOWN_ENV, "0.15")
-    slowed = measure.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
+    monkeypatch.setattr(timing.time, "perf_counter", perf_counter)
+    monkeypatch.delenv(timing.INJECT_SLOWDOWN_ENV, raising=False)
+    plain = timing.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
+    monkeypatch.setenv(timing.INJECT_SLOWDOWN_ENV, "0.15")
+    slowed = timing.time_iterations(step, warmup=1, min_iters=20, max_iters=20, budget_s=0)
     assert np.median(plain) == pytest.approx(2.0, rel=0.01)
     assert np.median(slowed) / np.median(plain) == pytest.approx(1.15, rel=0.01)
 
@@ -187,25 +190,27 @@ def test_publish_config_lists_only_existing_branches_plus_the_current_one(tmp_pa
         subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path,
                        check=True, capture_output=True)  # fmt: skip
 
-    shutil.copy(nightly.REPO_ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
+    shutil.copy(job.REPO_ROOT / "asv.conf.json", tmp_path / "asv.conf.json")
     git("init", "-q", "-b", "feature")
     git("add", "asv.conf.json")
     git("commit", "-q", "-m", "c")
     conf = tmp_path / "asv.conf.json"
-    out = nightly.asv_config_for_branch(conf, "feature", tmp_path / "tmp")
+    out = job.asv_config_for_branch(conf, "feature", tmp_path / "tmp")
     doc = json.loads(out.read_text())
     assert doc["branches"] == ["feature"]  # main does not exist here: asv publish would fail on it
     assert doc["results_dir"] == str(tmp_path / "results" / "asv") and doc["repo"] == str(tmp_path)
     git("branch", "main")
-    doc = json.loads(nightly.asv_config_for_branch(conf, "feature", tmp_path / "tmp").read_text())
+    doc = json.loads(job.asv_config_for_branch(conf, "feature", tmp_path / "tmp").read_text())
     assert doc["branches"] == ["main", "feature"]
-    assert nightly.asv_config_for_branch(conf, "main", tmp_path / "tmp") == conf
+    assert job.asv_config_for_branch(conf, "main", tmp_path / "tmp") == conf
 
 
 def test_asv_failure_records_an_error_night_that_is_never_a_base(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness import cli, results, runner
+    from harness import cli
+    from harness.run import runner
+    from harness.store import results
 
     def fake_suite(cfg: Any, out: Any, **kw: Any) -> dict[str, Any]:
         d = {**doc(cell("towers", 1.0, 1, mode="eager")), "config": cfg.as_dict()}
@@ -216,8 +221,8 @@ def test_asv_failure_records_an_error_night_that_is_never_a_base(
         raise RuntimeError("asv run failed (exit 1): build error")
 
     monkeypatch.setattr(runner, "run_suite", fake_suite)
-    monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "a" * 40, "dirty": False, "branch": "main"})
-    monkeypatch.setattr(nightly, "_asv_part", broken_asv)
+    monkeypatch.setattr(job, "git_info", lambda: {"sha": "a" * 40, "dirty": False, "branch": "main"})
+    monkeypatch.setattr(job, "_asv_part", broken_asv)
     argv = [
         "nightly",
         "--store",
@@ -233,4 +238,4 @@ def test_asv_failure_records_an_error_night_that_is_never_a_base(
     assert "**asv part failed**: asv run failed (exit 1): build error" in capsys.readouterr().out
     history = json.loads((tmp_path / "history.json").read_text())
     assert [r["status"] for r in history["runs"]] == ["error"]
-    assert nightly.last_good(history, tmp_path) is None
+    assert job.last_good(history, tmp_path) is None

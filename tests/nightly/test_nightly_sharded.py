@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from harness import cli, exit_codes, nightly, results, runner
-from harness.sharded import launch
+from harness import cli, exit_codes
+from harness.nightly import job
+from harness.run import runner
+from harness.run.sharded import launch
+from harness.store import results
 from tests.harness import synthetic
 
 ARGV = [
@@ -41,7 +44,7 @@ class FakeNights:
         monkeypatch.setattr(runner, "run_suite", self.suite)
         monkeypatch.setattr(runner, "run_one", self.one)
         monkeypatch.setattr(launch, "run_sharded", self.sharded)
-        monkeypatch.setattr(nightly, "git_info", lambda: {"sha": "c" * 40, "dirty": False, "branch": "main"})
+        monkeypatch.setattr(job, "git_info", lambda: {"sha": "c" * 40, "dirty": False, "branch": "main"})
 
     def _sharded_cell(self) -> dict[str, Any]:
         self.seed += 1
@@ -73,9 +76,9 @@ class FakeNights:
 
 
 def test_the_repository_config_has_one_two_rank_cell() -> None:
-    cfg = nightly.load_config()
+    cfg = job.load_config()
     assert cfg.sharded is not None
-    run_cfg = nightly.run_config(cfg.sharded, nightly.DEFAULT_PROVIDER, "cpu")
+    run_cfg = job.run_config(cfg.sharded, job.DEFAULT_PROVIDER, "cpu")
     assert run_cfg.nproc == 2 and len(run_cfg.cells()) == 1
 
 
@@ -86,14 +89,14 @@ def test_sharded_cells_are_recorded_compared_and_rerun(
     store = tmp_path / "store"
     assert cli.main([*ARGV, "--store", str(store)]) == exit_codes.OK  # the baseline
     assert fake.calls == ["suite", "sharded suite"]
-    entry = nightly.load_history(store)["runs"][-1]
+    entry = job.load_history(store)["runs"][-1]
     sharded_doc = results.load(store / entry["sharded_results"])
     assert sharded_doc["cells"][0]["nproc"] == 2
 
     fake.calls.clear()
     assert cli.main([*ARGV, "--store", str(store)]) == exit_codes.OK  # unchanged: pass
     assert fake.calls == ["suite", "sharded suite"]
-    summary = (store / nightly.load_history(store)["runs"][-1]["summary"]).read_text()
+    summary = (store / job.load_history(store)["runs"][-1]["summary"]).read_text()
     assert "towers/tiny/compile+optimus/train [2 ranks, auto]" in summary
     assert f"compared with `{entry['sharded_results']}`" in summary
 
@@ -101,7 +104,7 @@ def test_sharded_cells_are_recorded_compared_and_rerun(
     fake.sharded_ms = 40.0  # 5x slower sharded cell, on the first measurement and the rerun
     assert cli.main([*ARGV, "--store", str(store)]) == exit_codes.REGRESSION
     assert fake.calls == ["suite", "sharded suite", "sharded rerun"]
-    last = nightly.load_history(store)["runs"][-1]
+    last = job.load_history(store)["runs"][-1]
     assert last["status"] == "regression"
     summary = (store / last["summary"]).read_text()
     assert "| towers/tiny/compile+optimus/train [2 ranks, auto] | 1 |" in summary  # the rerun row
@@ -118,14 +121,14 @@ def test_a_failed_sharded_cell_is_no_baseline_and_no_pass(
     assert cli.main([*ARGV, "--store", str(store)]) == exit_codes.OK  # the baseline
     fake.sharded_status = "failed"
     assert cli.main([*ARGV, "--store", str(store)]) == exit_codes.INCOMPLETE
-    assert [r["status"] for r in nightly.load_history(store)["runs"]] == ["incomplete", "pass", "incomplete"]
+    assert [r["status"] for r in job.load_history(store)["runs"]] == ["incomplete", "pass", "incomplete"]
 
 
 def test_no_sharded_skips_the_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNights(monkeypatch)
     assert cli.main([*ARGV, "--no-sharded", "--store", str(tmp_path)]) == exit_codes.OK
     assert fake.calls == ["suite"]
-    assert "sharded_results" not in nightly.load_history(tmp_path)["runs"][-1]
+    assert "sharded_results" not in job.load_history(tmp_path)["runs"][-1]
 
 
 @pytest.mark.parametrize(
@@ -136,7 +139,7 @@ def test_no_sharded_skips_the_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ],
 )
 def test_bad_sharded_section_is_one_line(tmp_path: Path, section: dict[str, Any], message: str) -> None:
-    doc = json.loads(nightly.DEFAULT_CONFIG.read_text())
+    doc = json.loads(job.DEFAULT_CONFIG.read_text())
     doc["sharded"] = {**doc["sharded"], **section}
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(doc))
@@ -144,4 +147,4 @@ def test_bad_sharded_section_is_one_line(tmp_path: Path, section: dict[str, Any]
         ValueError,
         match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)"),
     ):
-        nightly.load_config(p)
+        job.load_config(p)

@@ -1,0 +1,62 @@
+"""`optimus-bench ab`: two or more modes of one model timed side by side in one process,
+interleaved round by round (``harness.run.interleaved``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from harness import exit_codes
+from harness.cli.common import add_provider_option, finite_float
+from harness.outputs import check_output_file
+from harness.spec import load_provider, resolve_device
+
+NAME = "ab"
+HELP = "time two or more modes of one model side by side in one process, interleaved round by round"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model family")
+    p.add_argument("--scale", default="tiny", help="model scale preset (default: tiny)")
+    p.add_argument("--phase", default="infer", help="infer or train (default: infer)")
+    p.add_argument("--modes", default="compile,compile+optimus",
+                   help="comma list; the first is the base of the speedups (default: compile,compile+optimus)")  # fmt: skip
+    p.add_argument(
+        "--rounds", type=int, default=15, help="rounds; each times every mode in turn (default: 15)"
+    )
+    p.add_argument("--steps", type=int, default=5, help="steps per mode per round (default: 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (default: 3)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default (default: 1)")
+    p.add_argument(
+        "--atol", type=finite_float, default=1e-4, help="parity tolerance vs the base mode (absolute)"
+    )
+    p.add_argument(
+        "--rtol", type=finite_float, default=1e-3, help="parity tolerance vs the base mode (relative)"
+    )
+    p.add_argument("--out", help="also write the result as JSON here (atomically)")
+    add_provider_option(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.run import interleaved
+    from harness.store import results
+
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    load_provider(args.provider)  # a bad --provider is one line and BAD_INPUT, before any work
+    if args.out:
+        check_output_file(args.out)  # before measuring: the measurement takes minutes
+    doc = interleaved.run_ab(
+        args.model, args.scale, args.phase, names,
+        rounds=args.rounds, steps=args.steps, warmup=args.warmup, device=resolve_device(args.device),
+        seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    print(interleaved.format_ab(doc))
+    if args.out:
+        results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    mismatched = [m for m, r in doc["modes"].items() if not r.get("parity_vs_base", {"ok": True})["ok"]]
+    return exit_codes.MISMATCH if mismatched else exit_codes.OK

@@ -1,0 +1,53 @@
+"""`optimus-bench reproduce`: the paper-style table, the whole suite in every mode and phase,
+with its report, its plots and the published references beside it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from harness import exit_codes
+from harness.cli.common import RESULTS_DIR, add_run_options, config_of, print_summary
+from harness.outputs import check_output_dir, check_output_file
+
+NAME = "reproduce"
+HELP = "the paper-style table: whole suite, every mode and phase, plus plots"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_options(p, models=None, scale="tiny", budget_s=1.0, max_iters=300, warmup=3, min_iters=20,
+                    timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
+    p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.report import paper, references
+    from harness.report.markdown import write_report
+    from harness.run.runner import run_suite
+
+    cfg = config_of(args)
+    check_output_file(args.out)
+    out_dir = check_output_dir(args.out_dir)
+    check_output_file(out_dir / f"{Path(args.out).stem}.md", "--out-dir")
+    t0 = time.perf_counter()
+    n = len(cfg.cells())
+    print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
+          f"at scale {cfg.scale} on {cfg.device}", flush=True)  # fmt: skip
+    doc = run_suite(
+        cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
+    )
+    paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
+    beside = references.section()
+    with open(paths[0], "a", encoding="utf-8") as md:  # paths[0] is the markdown report
+        md.write("\n" + beside + "\n")
+    print()
+    print(paper.format_paper_table(paper.paper_rows(doc)))
+    print()
+    print(beside)
+    print()
+    print_summary(doc, args.out)
+    for p in paths:
+        print(f"wrote {p}")
+    print(f"reproduce took {time.perf_counter() - t0:.0f} s")
+    return exit_codes.OK

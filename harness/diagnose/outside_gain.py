@@ -1,0 +1,227 @@
+"""The rules' own gain on models this repository did not write (``models.outside``).
+
+    python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
+
+WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
+rules alone is ``optimize(rules=[])`` (the same Dynamo capture, the same re-layout config, no
+rewrite) against ``optimize()`` with every rule, in eager (no compiler), timed interleaved in one
+process (``harness.run.interleaved``): forward, and forward+backward in train mode. Each model also
+gets a parity check against eager (values, every parameter's gradient, every buffer after one
+step) and the report's own account: nodes before/after, rules fired, declines, capture path.
+A model that fails to build or optimize is a row with its error; the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import optimus
+from harness.measure import timing
+from harness.run import interleaved
+from models import outside
+from optimus.atomic import write_atomic
+from optimus.config import OptimusConfig
+from optimus.layout_relayout import RelayoutParams
+from optimus.report import OptimusReport
+
+SCHEMA = "optimus-bench/outside-gain/1"
+RTOL, ATOL = 1e-4, 1e-5
+WHOLE_GRAPH = ("export", "graph")
+# On the per-call Dynamo path the two contenders' forwards are one code object to Dynamo: they
+# share its cache and recompile limit, so one of them may silently run eager. Not comparable.
+SKIP_WHY = "per-call Dynamo path, the two contenders share Dynamo's code cache (not comparable)"
+
+
+def _loss(out: Any) -> torch.Tensor:
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    return sum(((o.float() * (i + 1)).square().mean() for i, o in enumerate(outs)), torch.zeros(()))
+
+
+def _step(module: nn.Module, fn: Callable[..., Any], inputs: Sequence[Any], seed: int = 0) -> Any:
+    torch.manual_seed(seed)
+    out = fn(*inputs)
+    _loss(out).backward()
+    return out
+
+
+def _same_grad(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.allclose(b, a, rtol=RTOL, atol=ATOL)
+
+
+def parity(name: str, seed: int = 0) -> dict[str, Any]:
+    """Eager against ``optimize(relayout)`` on one train step: outputs, gradients, buffers."""
+    model, inputs = outside.build(name, seed)
+    ref = copy.deepcopy(model)
+    gm = optimus.optimize(model, inputs, config=OptimusConfig(layout=RelayoutParams()))
+    want, got = _step(ref, ref, inputs), _step(model, gm, inputs)
+    wants = want if isinstance(want, (list, tuple)) else (want,)
+    gots = got if isinstance(got, (list, tuple)) else (got,)
+    values = all(torch.allclose(g, w, rtol=RTOL, atol=ATOL) for g, w in zip(gots, wants, strict=True))
+    grads = all(_same_grad(p.grad, q.grad) for p, q in zip(ref.parameters(), model.parameters(), strict=True))
+    buffers = all(
+        torch.allclose(b.float(), c.float(), rtol=RTOL, atol=ATOL)
+        for b, c in zip(ref.buffers(), model.buffers(), strict=True)
+    )
+    report: OptimusReport = gm.optimus_report  # type: ignore[assignment]
+    return {
+        "values": values,
+        "grads": grads,
+        "buffers": buffers,
+        "nodes_before": report.nodes_before,
+        "nodes_after": report.nodes_after,
+        "rules_fired": dict(report.rules_fired),
+        "declined_reasons": dict(report.declined_reasons),
+        "capture": report.capture,
+        "capture_reason": report.capture_reason,
+    }
+
+
+def _contender(
+    label: str, module: nn.Module, fn: Callable[..., Any], inputs: Sequence[Any], train: bool
+) -> Any:
+    def forward() -> Any:
+        with torch.no_grad():
+            return fn(*inputs)
+
+    def train_step() -> Any:
+        module.zero_grad(set_to_none=True)
+        return _loss(fn(*inputs)).backward()
+
+    step = train_step if train else forward
+    return timing.Contender(label, step, 0.0, None)
+
+
+def gain(name: str, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """Median per-round speedup (and its bootstrap interval) of the rules over plain capture."""
+    out: dict[str, Any] = {}
+    for phase, train in (("forward", False), ("forward+backward", True)):
+        contenders = []
+        for label, rules in (("capture", []), ("rules", None)):
+            model, inputs = outside.build(name, seed)
+            model.train(train)
+            gm = optimus.optimize(model, inputs, rules=rules, config=OptimusConfig(layout=RelayoutParams()))
+            capture = gm.optimus_report.capture  # type: ignore[union-attr]
+            if capture not in WHOLE_GRAPH:
+                return {"skipped": f"capture {capture!r}: {SKIP_WHY}"}
+            contenders.append(_contender(label, model, gm, inputs, train))
+        samples = timing.interleave(contenders, rounds=rounds, steps=steps, warmup=3)
+        summary = interleaved.summarize(samples, "capture")
+        out[phase] = {
+            "speedup": summary["rules"]["speedup_vs_base"],
+            "ci95": summary["rules"]["speedup_ci95"],
+            "capture_ms": summary["capture"]["median_ms"],
+            "rules_ms": summary["rules"]["median_ms"],
+        }
+    return out
+
+
+def measure(names: Sequence[str], rounds: int, steps: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
+        try:
+            rows[name] = {"parity": parity(name), "gain": gain(name, rounds, steps)}
+        except Exception as exc:  # one model's failure is its row; the others still run
+            rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            traceback.print_exc(limit=2)
+    return {
+        "schema": SCHEMA,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "steps": steps,
+        "models": rows,
+    }
+
+
+def _fmt_gain(g: dict[str, Any]) -> str:
+    lo, hi = g["ci95"]
+    return f"{g['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        "# The rules' own gain on the outside corpus",
+        "",
+        f"torch {doc['torch']}, {doc['threads']} thread(s), eager, re-layout on; optimize() with every rule"
+        f" against optimize(rules=[]) (the same capture); medians of {doc['rounds']} interleaved rounds of"
+        f" {doc['steps']} steps, bootstrap 95% interval. Parity: one train step against eager"
+        " (outputs, every gradient, every buffer).",
+        "",
+        f"n/a: {SKIP_WHY}.",
+        "",
+        "| model | nodes before -> after | rules fired | forward | forward+backward | parity | capture |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in doc["models"].items():
+        if "error" in row:
+            lines.append(f"| {name} | - | - | - | - | error: {row['error']} | - |")
+            continue
+        p, g = row["parity"], row["gain"]
+        if "skipped" in g:
+            fwd = bwd = "n/a"
+        else:
+            fwd, bwd = _fmt_gain(g["forward"]), _fmt_gain(g["forward+backward"])
+        fired = ", ".join(f"{k} {v}" for k, v in sorted(p["rules_fired"].items())) or "none"
+        ok = (
+            "ok"
+            if p["values"] and p["grads"] and p["buffers"]
+            else ("MISMATCH: " + ", ".join(k for k in ("values", "grads", "buffers") if not p[k]))
+        )
+        lines.append(
+            f"| {name} | {p['nodes_before']} -> {p['nodes_after']} | {fired} | {fwd} | {bwd} | {ok} |"
+            f" {p['capture']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--models", default="", help="comma list (default: every installed corpus model)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared machine)"
+    )
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    names = [n for n in args.models.split(",") if n] or outside.names()
+    unknown = sorted(set(names) - set(outside.names()))
+    if unknown:
+        print(f"outside_gain: unknown or not installed: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.steps < 1:
+        print("outside_gain: --rounds and --steps must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    doc = measure(names, args.rounds, args.steps)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out_dir / "outside-gain.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_atomic(args.out_dir / "outside-gain.md", markdown(doc))
+    print(markdown(doc))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.diagnose.outside_gain", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    return main_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Judging results: compare two runs (the regression gate) and the performance goals (targets)."""

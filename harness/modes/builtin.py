@@ -1,0 +1,250 @@
+"""Turn a model's dense arch into what one mode runs, and set compile caches off.
+
+Why here and nowhere else: each mode is one way of handing ``b.module.dense`` to a
+compiler; the EmbeddingBagCollection always stays eager. Keeping that choice in one
+function means the harness, asv and nightly compare exactly the same configurations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CACHE_ENV = {
+    # Compile time is measured with every compile cache off (the caller also points
+    # TORCHINDUCTOR_CACHE_DIR at a fresh directory, so not even compiled C++ is reused).
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0",
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
+}
+
+
+def disable_compile_caches() -> None:
+    """Switch the FX graph cache, AOT autograd cache and the rest off in this process."""
+    for k, v in CACHE_ENV.items():
+        os.environ.setdefault(k, v)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    import torch.compiler.config as compiler_config
+
+    compiler_config.force_disable_caches = True
+    inductor_config.fx_graph_cache = False
+    inductor_config.autotune_local_cache = False
+    functorch_config.enable_autograd_cache = False
+
+
+def peer_fusion_options() -> dict[str, dict[str, Any]]:
+    """Every pre-grad fusion and split/cat pattern of the installed Inductor, default options.
+
+    Read at run time (not hard-coded) so the peer is whatever this torch ships; the keys are
+    recorded in the results file.
+    """
+    from torch._inductor.fx_passes import group_batch_fusion, split_cat
+
+    keys = list(group_batch_fusion.PRE_GRAD_FUSIONS) + list(split_cat.PRE_GRAD_PATTERNS)
+    return {k: {} for k in keys}
+
+
+@dataclass
+class Prepared:
+    """The dense arch as the mode runs it, and what preparing it cost before the first call."""
+
+    module: Any
+    prepare_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    # the optimus reports behind ``module`` (a backend's own list fills at the first call); the
+    # cell reads them here, not from a module global of optimus
+    reports: list[Any] = field(default_factory=list)
+
+
+def _optimus() -> Any:
+    try:
+        import optimus
+    except ImportError as e:  # the core is built on another branch; say so instead of crashing
+        raise RuntimeError(f"this mode needs the optimus package, which is not importable: {e}") from e
+    if not hasattr(optimus, "optimize"):
+        raise RuntimeError("this mode needs optimus.optimize, which this checkout's optimus package lacks")
+    return optimus
+
+
+def report_fields(report: Any) -> dict[str, Any]:
+    """Pick the figures the harness records from an ``optimus_report``."""
+    if report is None:
+        return {}
+    d = report.as_dict() if hasattr(report, "as_dict") else dict(vars(report))
+    return {
+        "optimus_s": d.get("seconds"),
+        "nodes_before": d.get("nodes_before"),
+        "nodes_after": d.get("nodes_after"),
+        "rules_fired": d.get("rules_fired"),
+        "stop_reason": d.get("stop_reason"),
+        "chunked_groups": d.get("chunked_groups", 0),
+    }
+
+
+def merge_reports(reports: list[Any]) -> dict[str, Any]:
+    """Sum the per-graph reports of one torch.compile (several graphs if it recompiled)."""
+    if not reports:
+        return {}
+    fields = [report_fields(r) for r in reports]
+    fired: dict[str, int] = {}
+    for f in fields:
+        for k, v in (f.get("rules_fired") or {}).items():
+            fired[k] = fired.get(k, 0) + v
+    return {
+        "optimus_s": sum(f.get("optimus_s") or 0.0 for f in fields),
+        "nodes_before": sum(f.get("nodes_before") or 0 for f in fields),
+        "nodes_after": sum(f.get("nodes_after") or 0 for f in fields),
+        "rules_fired": fired,
+        "chunked_groups": sum(f.get("chunked_groups") or 0 for f in fields),
+        "stop_reason": ",".join(sorted({str(f.get("stop_reason")) for f in fields})),
+        "optimus_graphs": len(reports),
+    }
+
+
+def prepare_eager(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    return Prepared(dense)
+
+
+def prepare_eager_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    # Same rewrite as compile+optimus (parameters re-laid out once), run without a compiler:
+    # with runtime stacking every call re-stacks the fused weights, which costs more than
+    # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
+    gm, dt, fields = _optimize_relayout(dense, example_inputs)
+    return Prepared(gm, dt, fields, _reports_of(gm))
+
+
+def prepare_compile(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    import torch
+
+    return Prepared(torch.compile(dense, fullgraph=True, dynamic=False))
+
+
+def prepare_compile_peer(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    import torch
+    import torch._inductor.config as inductor_config
+
+    options = peer_fusion_options()
+    inductor_config.pre_grad_fusion_options = options
+    return Prepared(
+        torch.compile(dense, fullgraph=True, dynamic=False), info={"peer_options": sorted(options)}
+    )
+
+
+def prepare_compile_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
+    # Optimus rewrites the dense arch once, storing each fused group's parameters re-laid out
+    # in one stacked tensor (optimus.layout_relayout), then Inductor compiles the result.
+    # Why not torch.compile(backend="optimus"): there Dynamo hands parameters in as graph inputs, so
+    # fused weights must be stacked on every call; side by side (docs/perf.md) that reached
+    # 0.94-1.14x of compile on towers/mmoe small, this path 1.27-1.75x. Optimizing is counted in
+    # compile time (prepare_s).
+    import torch
+
+    gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True)
+    how = "relayout" if fields["optimus_layout"] == "RelayoutParams" else "runtime stack"
+    fields["optimus_path"] = f"optimize+{how}, then Inductor"
+    return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields, _reports_of(gm))
+
+
+def _reports_of(gm: Any) -> list[Any]:
+    report = getattr(gm, "optimus_report", None)
+    return [] if report is None else [report]
+
+
+def peer_run_info() -> dict[str, Any]:
+    """What a run with compile+peer records once in its config: the peer's pattern keys."""
+    return {"peer_options": sorted(peer_fusion_options())}
+
+
+_RUNTIME_STACK = [False]  # set by data_parallel_training(): no re-layout (see there)
+_MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
+_COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
+
+
+@contextlib.contextmanager
+def cost_model(name: str | None) -> Iterator[None]:
+    """Optimus modes prepared inside this block price candidates with the named cost model
+    (``"analytic"``, the default, or ``"measured"``: constants timed on this device,
+    optimus.cost_measured); ``None`` leaves the default.
+
+    WHY: the rules should fire only where they are faster on the device at hand; on a GPU the
+    analytic constants are a guess, and ``harness.diagnose.profile_cell`` compares both to show which
+    rewrites the measured constants would keep.
+    """
+    if name not in (None, "analytic", "measured"):
+        raise ValueError(f"cost model: unknown {name!r}; allowed: analytic, measured")
+    _COST_MODEL[0] = name
+    try:
+        yield
+    finally:
+        _COST_MODEL[0] = None
+
+
+@contextlib.contextmanager
+def memory_margin(margin: float | None) -> Iterator[None]:
+    """Optimus modes prepared inside this block use ``OptimusConfig(memory_margin=margin)``
+    (``run --memory-margin``); ``None`` leaves Optimus's own default.
+
+    WHY a harness setting: the memory gate trades step time for peak memory (docs/optimus.md,
+    "Memory is a cost"), and which side of that trade a user wants is theirs to measure, cell by
+    cell, with the same harness that measures the default.
+    """
+    _MEMORY_MARGIN[0] = margin
+    try:
+        yield
+    finally:
+        _MEMORY_MARGIN[0] = None
+
+
+@contextlib.contextmanager
+def data_parallel_training() -> Iterator[None]:
+    """Optimus modes prepared inside this block stack fused weights per call (``RuntimeStack``)
+    instead of re-laying them out once.
+
+    Why: DistributedDataParallel all-reduces each parameter's gradient from hooks on its
+    gradient accumulator. A re-laid-out member is not in the autograd graph (the stacked
+    parameter is; its hooks hand the gradient to the members as views), so DDP reduces the
+    stacked parameter and the members keep their rank-local gradients: the ranks' updates
+    drift from a single process (seen: dcn tiny, 2 ranks, outputs off by 1.6e-3 after one
+    step). With runtime stacking the members are the leaves DDP watches."""
+    _RUNTIME_STACK[0] = True
+    try:
+        yield
+    finally:
+        _RUNTIME_STACK[0] = False
+
+
+def _optimize_relayout(
+    dense: Any, example_inputs: Sequence[Any], inductor: bool = False
+) -> tuple[Any, float, dict[str, Any]]:
+    """``optimus.optimize`` with fused parameters stored re-laid out once; (module, seconds, report).
+
+    ``inductor``: the result goes to torch.compile, so the cost model prices for Inductor.
+    Inside :func:`data_parallel_training` the layout is ``RuntimeStack`` instead.
+    """
+    optimus = _optimus()
+    from optimus.layout import RuntimeStack
+    from optimus.layout_relayout import RelayoutParams
+
+    layout = RuntimeStack() if _RUNTIME_STACK[0] else RelayoutParams()
+    if _COST_MODEL[0] == "measured":
+        from optimus.cost_measured import MeasuredCostModel
+
+        model: Any = MeasuredCostModel(inductor=inductor)
+    else:
+        model = optimus.AnalyticCostModel(inductor=inductor)
+    config = optimus.OptimusConfig(layout=layout, cost_model=model)
+    if _MEMORY_MARGIN[0] is not None:
+        config = config.with_(memory_margin=_MEMORY_MARGIN[0])
+    t0 = time.perf_counter()
+    gm = optimus.optimize(dense, tuple(example_inputs), config=config)
+    dt = time.perf_counter() - t0
+    fields = report_fields(getattr(gm, "optimus_report", None))
+    fields["optimus_layout"] = type(layout).__name__
+    return gm, dt, fields

@@ -1,0 +1,139 @@
+"""Markdown tables and PNG plots of one results file, written into a directory.
+
+Why: the results JSON is for machines (compare, asv); people read the report. The report
+is regenerated from the JSON alone, so a committed results file reproduces its report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness import metric_registry
+from harness.measure import limit
+from harness.modes import mode_registry
+from harness.report import paper, plots
+from harness.spec import PHASES, CellKey
+from harness.store.results import cell_map
+
+
+def _cell_text(c: dict[str, Any] | None, what: str, scale: float = 1.0) -> str:
+    """Grid text of one cell: its status unless ok, else the metric ``what`` (or the node counts)."""
+    if c is None:
+        return ""
+    if c["status"] != "ok":
+        return c["status"]
+    if what == "nodes":
+        nb, na = c.get("nodes_before"), c.get("nodes_after")
+        return "-" if nb is None else f"{nb} -> {na}"
+    metric = metric_registry.get(what)
+    v = c.get(metric.name)
+    return "-" if v is None or v == "" else metric.report_text(v, scale)
+
+
+def grid(doc: dict[str, Any], what: str, title: str, scale: float = 1.0) -> str:
+    """One markdown table per phase: rows models, columns modes; ``what``: a metric or "nodes"."""
+    cells = cell_map(doc)
+    keys = list(cells)
+    models = list(dict.fromkeys((k.model, k.scale) for k in keys))
+    modes = [m for m in mode_registry.names() if any(k.mode == m for k in keys)]
+    out = []
+    for phase in [p for p in PHASES if any(k.phase == p for k in keys)]:
+        out.append(f"### {title}: {phase}\n")
+        out.append("| model | scale | " + " | ".join(modes) + " |")
+        out.append("| --- | --- |" + " --- |" * len(modes))
+        for model, sc in models:
+            vals = [_cell_text(cells.get(CellKey(model, sc, m, phase)), what, scale) for m in modes]
+            out.append(f"| {model} | {sc} | " + " | ".join(vals) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def failures(doc: dict[str, Any]) -> str:
+    bad = [c for c in doc["cells"] if c["status"] != "ok"]
+    if not bad:
+        return "All cells ok (every compiled/optimized cell matched eager within tolerance).\n"
+    lines = ["| cell | status | error |", "| --- | --- | --- |"]
+    for c in bad:
+        err = str(c["error"]).replace("|", "\\|").replace("\n", " ")[:300]
+        lines.append(f"| {CellKey.of(c).label()} | {c['status']} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def env_text(doc: dict[str, Any]) -> str:
+    env, cfg = doc["env"], doc["config"]
+    git = env.get("git") or {}
+    v = env.get("versions") or {}
+    dirty = " (dirty)" if git.get("dirty") else ""
+    return (
+        f"- commit: `{git.get('sha')}`{dirty}\n"
+        f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
+        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
+        f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
+        f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
+        f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
+        f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+    ) + (
+        f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
+        "latency = slowest rank per step\n"
+        if int(cfg.get("nproc") or 1) > 1
+        else ""
+    )
+
+
+def metric_grids(doc: dict[str, Any]) -> list[str]:
+    """One grid per metric of the registry that has a report title, in registry order."""
+    out = []
+    for m in metric_registry.metrics():
+        if m.report_title is None:
+            continue
+        if m.report_if_present and not any(c.get(m.name) for c in doc["cells"]):
+            continue
+        unit, scale = m.display_unit(doc["cells"])
+        out.append(grid(doc, m.name, m.report_title.format(unit=unit), scale))
+    return out
+
+
+def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
+    rows = paper.paper_rows(doc)
+    parts = [f"# {title}\n", env_text(doc)]
+    if any(r.get(f"{mode_registry.TARGET} status") for r in rows):
+        against = " and ".join(mode_registry.BASELINES)
+        parts += [f"## {mode_registry.TARGET} against {against}\n", paper.format_paper_table(rows), ""]
+    from harness.report.sharded_section import section as sharded_section
+
+    sharded = sharded_section(doc)
+    limit_table = limit.format_table(doc)
+    parts += [
+        *([sharded] if sharded else []),
+        *(["## The limit: an ideal rewrite on this device\n", limit_table, ""] if limit_table else []),
+        "## Per mode\n",
+        *metric_grids(doc),
+        grid(doc, "nodes", "Dense-graph nodes before -> after Optimus"),
+        "## Failed, timed-out and mismatched cells\n",
+        failures(doc),
+        "## Plots\n",
+        *[f"![{n}]({n})" for n in image_names],
+        "",
+        "Peak memory on CPU: bytes of parameters, buffers and optimizer state plus the "
+        "peak of the torch allocator's own allocations during one step (torch.profiler memory events); "
+        "on CUDA: torch.cuda.max_memory_allocated.",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str | None = None) -> list[Path]:
+    """Write ``<stem>.md`` and its PNGs into ``out_dir``; return the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not doc["cells"]:
+        raise ValueError("results: no cells to report")
+    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem), key=lambda m: m.plot_rank)
+    images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
+    rows = paper.paper_rows(doc)
+    if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
+        images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))
+        images.append(plots.plot_changes(rows, out / f"{stem}_changes.png"))
+    md = out / f"{stem}.md"
+    md.write_text(render(doc, title or f"optimus-bench report: {stem}", [p.name for p in images]))
+    return [md, *images]
