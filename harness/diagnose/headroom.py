@@ -34,7 +34,7 @@ from torch import nn
 import optimus
 from harness.measure import timing
 from models.synthetic_towers import Towers
-from optimus.layout_relayout import RelayoutParams
+from optimus.params.relayout import RelayoutParams
 
 VARIANTS = ("separate", "runtime", "ideal", "relayout")
 
@@ -65,7 +65,7 @@ def build(
 
     ``batch``: the batch the optimized variants are captured for; measure with the same one.
     Why: ``optimize`` specializes its graph to the captured shapes, and a call with another
-    batch takes the re-specialized slow path (optimus/specialized.py), which is not what this
+    batch takes the re-specialized slow path (optimus/capture/specialized.py), which is not what this
     benchmark prices (until 2026-12-05 it captured at batch 2 and timed batch 64)."""
     torch.manual_seed(seed)
     base = tower_group(g, k, n)

@@ -31,7 +31,7 @@ from harness.run import interleaved
 from models import outside
 from optimus.atomic import write_atomic
 from optimus.config import OptimusConfig
-from optimus.layout_relayout import RelayoutParams
+from optimus.params.relayout import RelayoutParams
 from optimus.report import OptimusReport
 
 SCHEMA = "optimus-bench/outside-gain/1"

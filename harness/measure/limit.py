@@ -195,7 +195,7 @@ class TensorSpec:
 
 @dataclass
 class Member:
-    op: str  # canonical op (optimus.normalize.OPS)
+    op: str  # canonical op (optimus.semantics.normalize.OPS)
     kwargs: dict[str, Any]  # canonical kwargs, tensor operands as Slot
 
 
@@ -227,7 +227,7 @@ class Plan:
 
 
 def _kind(op: str) -> str | None:
-    from optimus.normalize import BINARY_POINTWISE, UNARY_POINTWISE
+    from optimus.semantics.normalize import BINARY_POINTWISE, UNARY_POINTWISE
 
     if op in ("linear", "layer_norm"):
         return op
@@ -242,10 +242,10 @@ def _priced_candidates(gm: Any, inductor: bool, plan: Plan) -> tuple[Any, list[A
     """(context, the horizontal rules' candidates priced by the cost model, best first), after
     the cleanup rules ran on ``gm``; candidates of rules without a price are counted in
     ``plan.unpriced``."""
-    from optimus.context import RewriteContext
-    from optimus.cost import AnalyticCostModel
-    from optimus.normalize import lower_modules
+    from optimus.cost.analytic import AnalyticCostModel
+    from optimus.engine.context import RewriteContext
     from optimus.rules import resolve
+    from optimus.semantics.normalize import lower_modules
 
     if lower_modules(gm):
         gm.recompile()
@@ -276,7 +276,7 @@ def _operands(gm: Any, plan: Plan) -> Callable[[Any], Any]:
     tensor, the number for a known scalar, None when unknown); lists item by item."""
     from torch import fx
 
-    from optimus.meta import output_requires_grad, tensor_meta, value_meta
+    from optimus.semantics.meta import output_requires_grad, tensor_meta, value_meta
 
     slots: dict[fx.Node, Slot] = {}
 
@@ -363,7 +363,7 @@ def _attr(gm: Any, node: Any) -> Any:
 
 def _tensor_first(op: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """A binary op's kwargs with a tensor as the first operand (``2 * x`` -> ``x * 2``)."""
-    from optimus.normalize import OPS
+    from optimus.semantics.normalize import OPS
 
     first, second = (name for name, _ in OPS[op][:2])
     if isinstance(kwargs[first], Slot):
@@ -450,7 +450,7 @@ def _layer_norm_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], li
 
 
 def _elementwise_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], list[TensorSpec]]:
-    from optimus.normalize import EMIT, OPS
+    from optimus.semantics.normalize import EMIT, OPS
 
     g, first, op = len(group.members), group.members[0].kwargs, group.members[0].op
     fn = EMIT[op]
@@ -508,7 +508,7 @@ def context_programs(plan: Plan) -> tuple[Any, Any, list[Any]]:
     forward and backward, with whatever Inductor fuses around them."""
     from torch import fx
 
-    from optimus.meta import tensor_meta
+    from optimus.semantics.meta import tensor_meta
 
     gm = plan.gm
     members = {n for g in plan.groups for n in g.nodes}
@@ -618,7 +618,7 @@ def measure(
 
     ``timer`` and ``compile_fn`` are seams (tests pass fakes); by default the three programs are
     ``torch.compile``d when ``compiled`` and timed side by side with :func:`default_timer`."""
-    from optimus.meta import output_requires_grad, tensor_meta
+    from optimus.semantics.meta import output_requires_grad, tensor_meta
 
     t0 = time.perf_counter()
     timed = {"whole": 0.0, "cut": 0.0, "batched": 0.0}
@@ -688,8 +688,8 @@ def capture(dense: Any, example: Sequence[Any], train: bool) -> Any:
     """The dense arch as one Dynamo graph with shapes recorded (what Optimus's rules match on)."""
     import torch
 
-    from optimus import capture as optimus_capture
-    from optimus.caller_state import preserved
+    from optimus.capture import export as optimus_capture
+    from optimus.capture.caller_state import preserved
 
     with preserved(dense), torch.enable_grad() if train else torch.no_grad():
         return optimus_capture.export(dense, list(example))

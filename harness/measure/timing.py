@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from optimus.timing import time_block
+from optimus.cost.timing import time_block
 
 INJECT_SLOWDOWN_ENV = "OPTIMUS_BENCH_INJECT_SLOWDOWN"
 

@@ -139,7 +139,7 @@ def prepare_compile_peer(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
 
 def prepare_compile_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared:
     # Optimus rewrites the dense arch once, storing each fused group's parameters re-laid out
-    # in one stacked tensor (optimus.layout_relayout), then Inductor compiles the result.
+    # in one stacked tensor (optimus.params.relayout), then Inductor compiles the result.
     # Why not torch.compile(backend="optimus"): there Dynamo hands parameters in as graph inputs, so
     # fused weights must be stacked on every call; side by side (docs/perf.md) that reached
     # 0.94-1.14x of compile on towers/mmoe small, this path 1.27-1.75x. Optimizing is counted in
@@ -171,7 +171,7 @@ _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (defau
 def cost_model(name: str | None) -> Iterator[None]:
     """Optimus modes prepared inside this block price candidates with the named cost model
     (``"analytic"``, the default, or ``"measured"``: constants timed on this device,
-    optimus.cost_measured); ``None`` leaves the default.
+    optimus.cost.measured); ``None`` leaves the default.
 
     WHY: the rules should fire only where they are faster on the device at hand; on a GPU the
     analytic constants are a guess, and ``harness.diagnose.profile_cell`` compares both to show which
@@ -229,12 +229,12 @@ def _optimize_relayout(
     Inside :func:`data_parallel_training` the layout is ``RuntimeStack`` instead.
     """
     optimus = _optimus()
-    from optimus.layout import RuntimeStack
-    from optimus.layout_relayout import RelayoutParams
+    from optimus.engine.param_layout import RuntimeStack
+    from optimus.params.relayout import RelayoutParams
 
     layout = RuntimeStack() if _RUNTIME_STACK[0] else RelayoutParams()
     if _COST_MODEL[0] == "measured":
-        from optimus.cost_measured import MeasuredCostModel
+        from optimus.cost.measured import MeasuredCostModel
 
         model: Any = MeasuredCostModel(inductor=inductor)
     else:

@@ -173,7 +173,7 @@ def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
     the allocator peak already counts them. This drops the previous step's gradients now, so
     the profiled step starts without them (their free would be invisible to the profiler);
     counting ``p.grad`` here as well counted every gradient twice (the first committed CPU training figures).
-    A re-laid-out model (``optimus.layout_relayout``) keeps the gradient buffers of its small
+    A re-laid-out model (``optimus.params.relayout``) keeps the gradient buffers of its small
     fused groups between steps; they are static here, or its memory would read low.
     """
     import torch
@@ -191,7 +191,7 @@ def step_static_tensors(module: Any, optimizer: Any) -> list[Any]:
 def _retained_gradient_buffers(module: Any) -> list[Any]:
     """Gradient buffers Optimus keeps between steps (none when optimus is not installed)."""
     try:
-        from optimus.layout_relayout import retained_gradient_buffers
+        from optimus.params.relayout import retained_gradient_buffers
     except ImportError:
         return []
     return retained_gradient_buffers(module)

@@ -37,7 +37,7 @@ from harness.store.cell_record import (
     ResultsError,
     validate,
 )
-from optimus.atomic import write_atomic  # the one atomic writer (re-exported here)
+from optimus.atomic import write_atomic
 
 # The cell fields, the validation of a document and the error classes live with the typed cell record.
 __all__ = ["CELL_FIELDS", "LATENCY_FIELDS", "NonFiniteError", "ResultsError", "load", "records", "validate"]

@@ -32,7 +32,9 @@ print(json.dumps({"rules": list(optimus.RULES), "fired": dict(r.rules_fired),
 
 def test_add_a_rule_as_the_doc_says(tmp_path: Path) -> None:
     repo = scratch_repo.copy_repo(tmp_path / "repo")
-    (repo / "optimus/rules/batch/batch_exp.py").write_text(scratch_repo.snippet("docs/optimus.md", "rule-file"))
+    (repo / "optimus/rules/batch/batch_exp.py").write_text(
+        scratch_repo.snippet("docs/optimus.md", "rule-file")
+    )
     init = repo / "optimus/rules/__init__.py"
     scratch_repo.insert_after(
         init, "from optimus.engine.rule import Rule", scratch_repo.snippet("docs/optimus.md", "rule-import")

@@ -89,7 +89,7 @@ def test_compare_never_judges_memory_measured_two_ways() -> None:
 
 def test_static_counts_the_gradient_buffers_a_relaid_out_model_keeps() -> None:
     import optimus
-    from optimus.layout_relayout import RelayoutParams, retained_gradient_buffers
+    from optimus.params.relayout import RelayoutParams, retained_gradient_buffers
 
     class Towers(nn.Module):
         def __init__(self) -> None:

@@ -144,7 +144,7 @@ def test_cut_program_keeps_what_feeds_a_member_alive() -> None:
 def _separate(plan: limit.Plan) -> tuple[Any, list[limit.TensorSpec]]:
     """Every member of every group as its own op, standalone, on the plan's tensors: the
     members' arithmetic, which the batched kernels must reproduce."""
-    from optimus.normalize import EMIT, emit_kwargs
+    from optimus.semantics.normalize import EMIT, emit_kwargs
 
     def resolve(v: Any, ts: Sequence[Any]) -> Any:
         if isinstance(v, limit.Slot):

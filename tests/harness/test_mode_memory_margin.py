@@ -27,7 +27,7 @@ def _prepare() -> tuple[dict, Any]:
 
 def test_margin_one_judges_the_tower_chain_as_one_rewrite_and_default_does_not() -> None:
     """Under the margin the memory gate is on, and only then does it take the linear -> norm ->
-    tanh chain as one rewrite (``report.chains``, optimus/vertical.py). With the re-laid-out
+    tanh chain as one rewrite (``report.chains``, optimus/engine/vertical.py). With the re-laid-out
     parameters (no weights stacked per call) the whole chain lifts no estimated peak, so it is
     taken whole; link by link, before vertical chains, the margin declined its first links."""
     default_fields, default = _prepare()

@@ -62,7 +62,7 @@ def test_compile_optimus_cell_records_nodes_and_rules(tmp_path: object) -> None:
 
 def test_compile_optimus_records_chunked_groups_in_inference() -> None:
     """compile+optimus prepares with an Inductor-priced model: an eval-mode module's fused chains
-    are run in chunks (optimus.chunk_stacked), and the cell says how many groups were."""
+    are run in chunks (optimus.memory.chunked), and the cell says how many groups were."""
 
     class Tower(nn.Module):
         def __init__(self) -> None:

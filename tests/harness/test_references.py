@@ -31,9 +31,7 @@ def _write_run(
 
 def test_section_shows_each_reference_run_with_its_commit_date_and_figures(tmp_path: Path) -> None:
     when = dt.datetime(2026, 3, 4, 12, tzinfo=dt.UTC).timestamp()
-    _write_run(
-        tmp_path, "large", "reproduce-large", "abcdef1" + "0" * 33, (500.0, 20.0), when
-    )
+    _write_run(tmp_path, "large", "reproduce-large", "abcdef1" + "0" * 33, (500.0, 20.0), when)
     text = references.section(tmp_path)
     assert "scale large, commit abcdef1, measured 2026-03-04" in text
     assert "| dcn | large | train |" in text and "500.0 s -> 20.0 s (-480.0 s)" in text
