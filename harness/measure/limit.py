@@ -195,8 +195,11 @@ class TensorSpec:
 
 @dataclass
 class Member:
-    op: str  # canonical op (optimus.semantics.normalize.OPS)
+    op: str  # canonical op, as optimus.dry_run names it
     kwargs: dict[str, Any]  # canonical kwargs, tensor operands as Slot
+    call: Callable[..., Any] = field(default=lambda **kw: None, repr=False)  # the op, on canonical kwargs
+    operands: tuple[str, ...] = ()  # the op's first two argument names
+    kind: str = ""  # "linear" | "layer_norm" | "unary" | "binary"
 
 
 @dataclass
@@ -223,82 +226,49 @@ class Plan:
     tensors: list[TensorSpec] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)
     unpriced: dict[str, int] = field(default_factory=dict)  # rule -> candidates not priced
-    gm: Any = None  # the captured graph the groups were found in
+    gm: Any = None  # the captured graph the groups were found in (the dry run's copy)
+    dry: Any = None  # the optimus.DryRun the groups come from: tensor metadata of gm's nodes
 
 
-def _kind(op: str) -> str | None:
-    from optimus.semantics.normalize import BINARY_POINTWISE, UNARY_POINTWISE
+def _priced_candidates(gm: Any, inductor: bool, plan: Plan) -> list[Any]:
+    """The rewrites the driver would try on ``gm``, priced for Inductor or eager, best first
+    (``optimus.dry_run``: the driver's own order, on a copy after the cleanup rules; ``plan.gm``
+    becomes that copy). Rewrites of rules without a price are counted in ``plan.unpriced``."""
+    import optimus
 
-    if op in ("linear", "layer_norm"):
-        return op
-    if op in UNARY_POINTWISE:
-        return "unary"
-    if op in BINARY_POINTWISE:
-        return "binary"
-    return None
-
-
-def _priced_candidates(gm: Any, inductor: bool, plan: Plan) -> tuple[Any, list[Any]]:
-    """(context, the horizontal rules' candidates priced by the cost model, best first), after
-    the cleanup rules ran on ``gm``; candidates of rules without a price are counted in
-    ``plan.unpriced``."""
-    from optimus.cost.analytic import AnalyticCostModel
-    from optimus.engine.context import RewriteContext
-    from optimus.rules import resolve
-    from optimus.semantics.normalize import lower_modules
-
-    if lower_modules(gm):
-        gm.recompile()
-    cost_model = AnalyticCostModel(inductor=inductor)
-    rules = resolve(None)
-    ctx = RewriteContext(gm, cost_model)
-    for rule in (r for r in rules if r.kind == "cleanup"):
-        if rule.run(ctx):  # type: ignore[attr-defined]
-            ctx = RewriteContext(gm, cost_model)
-    order = {r.name: i for i, r in enumerate(rules)}
-    cands = []
-    for rule in (r for r in rules if r.kind == "horizontal"):
-        found = list(rule.match(ctx))
-        if rule.name not in PRICED_RULES:
-            if found:
-                plan.unpriced[rule.name] = plan.unpriced.get(rule.name, 0) + len(found)
-            continue
-        for cand in found:
-            device = ctx.device_of(cand.nodes)
-            cand.gain = cost_model.seconds(cand.before, device) - cost_model.seconds(cand.after, device)
-            cands.append(cand)
-    cands.sort(key=lambda c: (-c.gain, order[c.rule], ctx.index.pos.get(c.nodes[0], 0)))
-    return ctx, cands
+    dry = optimus.dry_run(gm, cost_model=optimus.AnalyticCostModel(inductor=inductor))
+    plan.gm, plan.dry = dry.graph, dry
+    priced = []
+    for rewrite in dry.rewrites:
+        if rewrite.rule in PRICED_RULES:
+            priced.append(rewrite)
+        else:
+            plan.unpriced[rewrite.rule] = plan.unpriced.get(rewrite.rule, 0) + 1
+    return priced
 
 
-def _operands(gm: Any, plan: Plan) -> Callable[[Any], Any]:
+def _operands(plan: Plan) -> Callable[[Any], Any]:
     """``operand(v)``: a node's value as the plan holds it (a ``Slot`` of ``plan.tensors`` for a
     tensor, the number for a known scalar, None when unknown); lists item by item."""
     from torch import fx
-
-    from optimus.semantics.meta import output_requires_grad, tensor_meta, value_meta
 
     slots: dict[fx.Node, Slot] = {}
 
     def slot(node: fx.Node) -> Slot | None:
         if node in slots:
             return slots[node]
-        meta = tensor_meta(node)
-        if meta is None:
+        info = plan.dry.tensor(node)
+        if info is None:
             return None
-        if node.op == "get_attr":
-            grad = bool(getattr(_attr(gm, node), "requires_grad", False))
-        else:
-            grad = bool(output_requires_grad(node))
         slots[node] = Slot(len(plan.tensors))
-        plan.tensors.append(TensorSpec(tuple(meta.shape), meta.dtype, meta.device, grad))
+        plan.tensors.append(TensorSpec(info.shape, info.dtype, info.device, info.requires_grad))
         return slots[node]
 
     def operand(v: Any) -> Any:
         if isinstance(v, fx.Node):
-            if tensor_meta(v) is not None:
+            if plan.dry.tensor(v) is not None:
                 return slot(v)
-            found = value_meta(v)
+            found = plan.dry.value(v)
             return found if isinstance(found, int | float | bool) else None
         if isinstance(v, (list, tuple)):
             items = [operand(i) for i in v]
@@ -312,60 +282,48 @@ def _operands(gm: Any, plan: Plan) -> Callable[[Any], Any]:
     return operand
 
 
-def _members(ctx: Any, cand: Any, operand: Callable[[Any], Any]) -> list[Member] | None:
-    """The candidate's nodes as plan members, or None when one cannot be one (not a fusable
+def _members(rewrite: Any, operand: Callable[[Any], Any]) -> list[Member] | None:
+    """The rewrite's members as plan members, or None when one cannot be one (not a fusable
     kind, in place, or an operand whose value is not known here)."""
     members = []
-    for node in cand.nodes:
-        canon = ctx.canon(node)
-        kind = None if canon is None else _kind(canon.op)
-        if canon is None or kind is None or canon.inplace:
+    for m in rewrite.members:
+        if m.op is None or m.kind is None or m.inplace:
             return None
-        kwargs = {k: operand(v) for k, v in canon.kwargs.items()}
-        if any(kwargs[k] is None and canon.kwargs[k] is not None for k in kwargs):
+        kwargs = {k: operand(v) for k, v in m.kwargs.items()}
+        if any(kwargs[k] is None and m.kwargs[k] is not None for k in kwargs):
             return None  # an operand whose value is not known here
-        if kind == "binary":
-            swapped = _tensor_first(canon.op, kwargs)
+        if m.kind == "binary":
+            swapped = _tensor_first(m.op, m.operands, kwargs)
             if swapped is None:
                 return None
             kwargs = swapped
-        members.append(Member(canon.op, kwargs))
+        members.append(Member(m.op, kwargs, m.call, m.operands, m.kind))
     return members
 
 
 def find_plan(gm: Any, inductor: bool = True) -> Plan:
-    """The fusable groups of a captured graph (``gm`` is changed: the cleanup rules run on it)."""
+    """The fusable groups of a captured graph (``gm`` itself is left as it is)."""
     plan = Plan(gm=gm)
-    ctx, cands = _priced_candidates(gm, inductor, plan)
-    operand = _operands(gm, plan)
+    rewrites = _priced_candidates(gm, inductor, plan)
+    operand = _operands(plan)
     touched: set[Any] = set()
-    for cand in cands:
-        if any(n in touched for n in cand.nodes):
+    for rewrite in rewrites:
+        if any(n in touched for n in rewrite.nodes):
             continue
-        members = _members(ctx, cand, operand)
+        members = _members(rewrite, operand)
         if members is not None:
-            kinds = {_kind(m.op) for m in members}
+            kinds = {m.kind for m in members}
             if len(kinds) == 1 and len({m.op for m in members}) == 1:
-                touched.update(cand.nodes)
-                plan.groups.append(Group(cand.rule, kinds.pop() or "", members, tuple(cand.nodes)))
+                touched.update(rewrite.nodes)
+                plan.groups.append(Group(rewrite.rule, kinds.pop() or "", members, tuple(rewrite.nodes)))
                 continue
-        plan.unpriced[cand.rule] = plan.unpriced.get(cand.rule, 0) + 1
+        plan.unpriced[rewrite.rule] = plan.unpriced.get(rewrite.rule, 0) + 1
     return plan
 
 
-def _attr(gm: Any, node: Any) -> Any:
-    """The tensor a ``get_attr`` node reads (a parameter or a buffer), None if not found."""
-    value = gm
-    for part in str(node.target).split("."):
-        value = getattr(value, part, None)
-    return value
-
-
-def _tensor_first(op: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _tensor_first(op: str, operands: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """A binary op's kwargs with a tensor as the first operand (``2 * x`` -> ``x * 2``)."""
-    from optimus.semantics.normalize import OPS
-
-    first, second = (name for name, _ in OPS[op][:2])
+    first, second = operands
     if isinstance(kwargs[first], Slot):
         return kwargs
     if isinstance(kwargs[second], Slot) and op in _COMMUTATIVE and kwargs.get("alpha", 1) == 1:
@@ -450,22 +408,20 @@ def _layer_norm_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], li
 
 
 def _elementwise_kernel(group: Group, sp: _Specs) -> tuple[Callable[..., Any], list[TensorSpec]]:
-    from optimus.semantics.normalize import EMIT, OPS
-
-    g, first, op = len(group.members), group.members[0].kwargs, group.members[0].op
-    fn = EMIT[op]
+    g, first, call = len(group.members), group.members[0].kwargs, group.members[0].call
     if group.kind == "unary":
         x = sp.of("input")
         settings = {k: v for k, v in first.items() if k != "input"}
-        return (lambda x: fn(x, **settings)), [sp.spec((g, *x.shape), first["input"], sp.any_grad("input"))]
-    a_name, b_name = (name for name, _ in OPS[op][:2])
+        kernel = lambda x: call(input=x, **settings)  # noqa: E731
+        return kernel, [sp.spec((g, *x.shape), first["input"], sp.any_grad("input"))]
+    a_name, b_name = group.members[0].operands
     rest = {k: v for k, v in first.items() if k not in (a_name, b_name)}
     specs = [sp.spec((g, *sp.of(a_name).shape), first[a_name], sp.any_grad(a_name))]
     if isinstance(first[b_name], Slot):
         specs.append(sp.spec((g, *sp.of(b_name).shape), first[b_name], sp.any_grad(b_name)))
-        return (lambda x, y: fn(x, y, **rest)), specs
+        return (lambda x, y: call(**{a_name: x, b_name: y}, **rest)), specs
     scalar = first[b_name]
-    return (lambda x: fn(x, scalar, **rest)), specs
+    return (lambda x: call(**{a_name: x, b_name: scalar}, **rest)), specs
 
 
 def _batched_kernel(
@@ -508,8 +464,6 @@ def context_programs(plan: Plan) -> tuple[Any, Any, list[Any]]:
     forward and backward, with whatever Inductor fuses around them."""
     from torch import fx
 
-    from optimus.semantics.meta import tensor_meta
-
     gm = plan.gm
     members = {n for g in plan.groups for n in g.nodes}
     outputs: list[fx.Node] = []
@@ -517,7 +471,7 @@ def context_programs(plan: Plan) -> tuple[Any, Any, list[Any]]:
     fx.node.map_arg(out_node.args, lambda n: outputs.append(n) or n)  # type: ignore[func-returns-value]
     keep = [a for n in gm.graph.nodes if n in members for a in n.all_input_nodes]
     keep = [a for a in keep if a not in members and a.op not in ("placeholder", "get_attr")]
-    returned = [n for n in dict.fromkeys([*outputs, *keep]) if tensor_meta(n) is not None]
+    returned = [n for n in dict.fromkeys([*outputs, *keep]) if plan.dry.tensor(n) is not None]
     cut_nodes = [n for n in gm.graph.nodes if n in members]
 
     def build(cut: bool) -> Any:
@@ -618,20 +572,14 @@ def measure(
 
     ``timer`` and ``compile_fn`` are seams (tests pass fakes); by default the three programs are
     ``torch.compile``d when ``compiled`` and timed side by side with :func:`default_timer`."""
-    from optimus.semantics.meta import output_requires_grad, tensor_meta
-
     t0 = time.perf_counter()
     timed = {"whole": 0.0, "cut": 0.0, "batched": 0.0}
     if plan.groups:
         if compile_fn is None:
             compile_fn = _inductor if compiled else (lambda f: f)
         whole, cut, cut_nodes = context_programs(plan)
-        metas = [tensor_meta(n) for n in cut_nodes]
-        cut_specs = [
-            TensorSpec(m.shape, m.dtype, m.device, bool(output_requires_grad(n)))
-            for n, m in zip(cut_nodes, metas, strict=True)
-            if m is not None
-        ]
+        infos = [plan.dry.tensor(n) for n in cut_nodes]
+        cut_specs = [TensorSpec(i.shape, i.dtype, i.device, i.requires_grad) for i in infos if i is not None]
         inputs = list(example)
         bat, bat_specs = batched_program(plan)
         steps = {
@@ -686,13 +634,9 @@ def graph_inputs(example: Sequence[Any], input_grads: Sequence[bool] | None, tra
 
 def capture(dense: Any, example: Sequence[Any], train: bool) -> Any:
     """The dense arch as one Dynamo graph with shapes recorded (what Optimus's rules match on)."""
-    import torch
+    import optimus
 
-    from optimus.capture import export as optimus_capture
-    from optimus.capture.caller_state import preserved
-
-    with preserved(dense), torch.enable_grad() if train else torch.no_grad():
-        return optimus_capture.export(dense, list(example))
+    return optimus.capture_graph(dense, example, train)
 
 
 def measure_cell(

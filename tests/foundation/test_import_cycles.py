@@ -1,5 +1,5 @@
 """No import cycle between the top-level packages, nor between the modules of ``optimus``,
-``harness`` or ``models``; and the layers of ``harness`` import only downward.
+``harness`` or ``models`` (that each package's layers import only downward: ``test_layers.py``).
 
 WHY: a cycle makes import order matter (a module half-initialised when its partner reads it),
 and it means two parts cannot be understood, or moved, one without the other. The graph is read
@@ -22,34 +22,6 @@ def test_no_cycle_between_packages() -> None:
 @pytest.mark.parametrize("package", ["optimus", "harness", "models"])
 def test_no_cycle_inside_a_package(package: str) -> None:
     assert cycles(module_graph([package])) == []
-
-
-# The layers of ``harness``, top to bottom (docs/harness.md, "Code map"). A layer may import the
-# layers below it, never one above: the commands drive the nightly job, which gates with compare,
-# which reads reports' figures, ... down to the mode registry that every layer names. "shared" is
-# the modules at the top of ``harness/`` (spec, metric registry, exit codes, outputs, env, stats,
-# provider); ``modes`` and ``providers`` sit under them (``spec`` lists the registered modes).
-HARNESS_LAYERS = (
-    "cli", "nightly", "gate", "report", "diagnose", "run", "measure", "store", "shared", "modes", "providers",
-)  # fmt: skip
-
-
-def _layer(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1:
-        return "harness"
-    return parts[1] if parts[1] in HARNESS_LAYERS else "shared"
-
-
-def test_harness_layers_import_only_downward() -> None:
-    rank = {name: i for i, name in enumerate(HARNESS_LAYERS)}
-    upward = sorted(
-        (src, dst)
-        for src, dsts in module_graph(["harness"]).items()
-        for dst in dsts
-        if _layer(src) != "harness" and _layer(dst) != "harness" and rank[_layer(dst)] < rank[_layer(src)]
-    )
-    assert upward == []
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""Each package's layers import only downward.
+"""Each package's layers import only downward, and the harness reads only optimus's public names.
 
 WHY: a layer that imports one above it can no longer be read, tested or moved without it, and the
 next change closes a cycle. The layers are declared here, top to bottom; an import from a module
@@ -9,10 +9,11 @@ annotations only, do not).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
-from import_graph import module_graph
+from import_graph import ROOT, module_graph
 
 # top to bottom; a module belongs to the longest prefix that names it
 LAYERS: dict[str, list[list[str]]] = {
@@ -27,6 +28,31 @@ LAYERS: dict[str, list[list[str]]] = {
         ["optimus.semantics"],
         ["optimus.kernels", "optimus.cost"],
         ["optimus.report", "optimus.atomic", "optimus._moved"],  # leaves every layer may read
+    ],
+    # docs/harness.md, "Code map": the commands drive the nightly job, which gates with compare,
+    # which reads reports' figures, ... down to the shared modules at the top of ``harness/`` and
+    # the mode registry that every layer names.
+    "harness": [
+        ["harness", "harness.cli"],
+        ["harness.nightly"],
+        ["harness.gate"],
+        ["harness.report"],
+        ["harness.diagnose"],
+        ["harness.run"],
+        ["harness.measure"],
+        ["harness.store"],
+        [
+            "harness.spec",
+            "harness.metric_registry",
+            "harness.exit_codes",
+            "harness.outputs",
+            "harness.env",
+            "harness.env_check",
+            "harness.stats",
+            "harness.provider",
+        ],
+        ["harness.modes"],
+        ["harness.providers"],
     ],
 }
 
@@ -79,3 +105,34 @@ def test_the_check_finds_an_upward_import(tmp_path: Path) -> None:
         path.write_text(text)
     layers = [["pkg", "pkg.api"], ["pkg.engine"]]
     assert upward_imports("pkg", layers, tmp_path) == ["pkg.engine.run -> pkg.api"]
+
+
+def private_optimus_imports(root: Path = ROOT) -> list[str]:
+    """Imports in ``harness/`` of a name or module of ``optimus`` that starts with ``_``."""
+    found = []
+    for path in sorted((root / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "optimus":
+                names = [*node.module.split("."), *(a.name for a in node.names)]  # type: ignore[union-attr]
+            elif isinstance(node, ast.Import):
+                names = [
+                    p for a in node.names if a.name.split(".")[0] == "optimus" for p in a.name.split(".")
+                ]
+            else:
+                continue
+            if any(n.startswith("_") for n in names):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_harness_uses_no_private_name_of_optimus() -> None:
+    """The harness is optimus's first user: it reads the public surface (``optimus.dry_run``,
+    ``optimus.RelayoutParams``, ...), so a refactor of optimus's insides cannot break it."""
+    assert private_optimus_imports() == []
+
+
+def test_the_private_name_check_finds_one(tmp_path: Path) -> None:
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness/a.py").write_text("from optimus.api import optimize\nfrom optimus.x import _y\n")
+    (tmp_path / "harness/b.py").write_text("def f():\n    import optimus._moved\n")
+    assert private_optimus_imports(tmp_path) == ["harness/a.py:2", "harness/b.py:2"]
