@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from models import analysis, capture, data, memory, presets, sparse
+from models import analysis, capture, data, presets, sparse
 from models.registry import family
 from models.types import Built, RecModel
 
@@ -31,9 +31,9 @@ def build(
     which takes seconds for large/xl graphs.
     """
     cfg, dev, lay = resolve(family_name, scale, device, seed, overrides)
-    memory.check_fits(family_name, cfg, lay, None)  # tables alone: before building even on meta
+    analysis.check_fits(family_name, cfg, lay, None)  # tables alone: before building even on meta
     dense_info = analysis.analyse(family_name, cfg, lay)
-    memory.check_fits(family_name, cfg, lay, dense_info)
+    analysis.check_fits(family_name, cfg, lay, dense_info)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ebc = sparse.build_ebc(lay, dev)
@@ -47,7 +47,7 @@ def build(
         **describe(family_name, scale, seed, cfg, lay, dense_info, nodes),
         "params": sum(p.numel() for p in module.parameters()),
         "embedding_bytes": lay.embedding_bytes,
-        "est_train_bytes": memory.estimate_bytes(cfg, lay, dense_info),
+        "est_train_bytes": analysis.estimate_bytes(cfg, lay, dense_info),
     }
     return built
 

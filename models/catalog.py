@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from models import analysis, capture, memory, presets, sparse
+from models import analysis, capture, presets, sparse
 from models.registry import FAMILIES
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -70,7 +70,7 @@ def _row(family_name: str, scale: str) -> dict[str, Any]:
         "embedding_bytes": lay.embedding_bytes,
         "dense_nodes": None,
         "flops_per_sample": info.flops_per_sample,
-        "est_train_bytes": memory.estimate_bytes(cfg, lay, info),
+        "est_train_bytes": analysis.estimate_bytes(cfg, lay, info),
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models import analysis, builder, capture, memory, sparse
+from models import analysis, builder, capture, sparse
 from models.presets import SCALES
 from models.registry import FAMILIES, family
 from models.types import Batch, Built
@@ -87,12 +87,12 @@ def build(
     batches = make_batches(cfg, lay, seed, dev)
     built = DenseOnlyBuilt(module=module, batches=batches)  # type: ignore[arg-type]
     nodes = capture.count_dense_nodes(dense, built.dense_inputs(batches[0])) if count_nodes else None
-    tables_bytes = memory.STATE_COPIES * lay.embedding_bytes  # no tables here
+    tables_bytes = analysis.STATE_COPIES * lay.embedding_bytes  # no tables here
     built.meta = {
         **builder.describe(family_name, scale, seed, cfg, lay, dense_info, nodes),
         "provider": "dense_only",
         "params": dense_info.dense_params,
         "embedding_bytes": 0,
-        "est_train_bytes": memory.estimate_bytes(cfg, lay, dense_info) - tables_bytes,
+        "est_train_bytes": analysis.estimate_bytes(cfg, lay, dense_info) - tables_bytes,
     }
     return built

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import models
-from models import catalog, memory
+from models import analysis, catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_large_builds_on_cpu_and_meets_the_node_floor(family: str) -> None:
     b = models.build(family, "large", device="cpu", seed=0)
     assert b.meta["dense_nodes"] >= 3000, b.meta["dense_nodes"]
-    assert b.meta["est_train_bytes"] < 8 * memory.GIB
+    assert b.meta["est_train_bytes"] < 8 * analysis.GIB
     batch = b.batches[0]
     loss = b.loss(b.module(*batch.inputs), batch.labels)
     loss.backward()
@@ -37,7 +37,7 @@ def test_large_builds_on_cpu_and_meets_the_node_floor(family: str) -> None:
 def test_xl_meets_the_node_floor_and_fits(family: str) -> None:
     row = catalog.row(family, "xl", nodes=True)
     assert row["dense_nodes"] >= 10_000, row["dense_nodes"]
-    assert row["est_train_bytes"] < 8 * memory.GIB
+    assert row["est_train_bytes"] < 8 * analysis.GIB
 
 
 @pytest.mark.slow
@@ -80,6 +80,6 @@ def test_xl_trains_with_adam_within_8_gib(family: str) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     peak, estimate = map(int, out.stdout.split()[-2:])
-    assert peak < 8 * memory.GIB, peak
+    assert peak < 8 * analysis.GIB, peak
     # The estimate leaves out the torch runtime itself (libraries, allocator slack), hence the 2 GiB.
-    assert peak < estimate + 2 * memory.GIB, (peak, estimate)
+    assert peak < estimate + 2 * analysis.GIB, (peak, estimate)
