@@ -2,7 +2,7 @@
 through ``run_sharded``, and a failed sharded cell keeps the night from passing.
 
 No measurement: ``runner.run_suite`` and ``launch.run_sharded`` are replaced by fakes that
-return seeded cells (the real 2-rank jobs are tested in tests/harness/test_sharded.py).
+return seeded cells (the real 2-rank jobs are tested in tests/harness/run/test_sharded.py).
 """
 
 from __future__ import annotations

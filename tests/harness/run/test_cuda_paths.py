@@ -1,7 +1,7 @@
 """The harness's CUDA paths: device selection, CUDA-event timing, ``max_memory_allocated`` peaks.
 
 Two kinds of test. Those marked ``needs_cuda`` run on a host where torch sees a GPU (the lent
-GPU machine: ``python3 -m pytest tests/harness/test_cuda_paths.py``) and are skipped elsewhere.
+GPU machine: ``python3 -m pytest tests/harness/run/test_cuda_paths.py``) and are skipped elsewhere.
 The rest run everywhere: the device-selection logic with ``torch.cuda.is_available`` patched,
 and the CUDA branches of ``harness.measure.timing`` against stand-in events and memory counters, so a
 CPU-only CI still fails if those branches stop reading the events or the peak counter.

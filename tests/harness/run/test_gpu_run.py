@@ -15,7 +15,7 @@ import torch
 from harness import exit_codes
 from harness.store import results
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "gpu-run"
 BLOCKED = ROOT / "tests" / "blocked_imports"
 
