@@ -60,11 +60,12 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         results.write_atomic(args.out, text + "\n")
     rc = compare.exit_code(rows)
+    fell = [r for r in rows if r.metric == "pass_rate" and r.verdict == "regression"]
+    for r in fell:
+        print(f"optimus-bench compare: {r.cell} fell from {r.base} to {r.new}", file=sys.stderr)
+    # the last line says why the gate failed: lost data wins over a regression
     if rc == exit_codes.INCOMPLETE:
         lost = compare.incomplete(rows)
         print(f"optimus-bench compare: incomplete: {len(lost)} cell(s) of {args.base} are missing, "
               f"failed or non-finite in {args.new} (first: {lost[0].cell}, {lost[0].verdict})", file=sys.stderr)  # fmt: skip
-    fell = [r for r in rows if r.metric == "pass_rate" and r.verdict == "regression"]
-    for r in fell:
-        print(f"optimus-bench compare: {r.cell} fell from {r.base} to {r.new}", file=sys.stderr)
     return rc
