@@ -204,3 +204,14 @@ def test_a_base_cell_that_stops_passing_is_named_and_lost_data_still_wins(
     assert cli.main(["compare", base_path, new_path]) == exit_codes.INCOMPLETE
     err = capsys.readouterr().err.strip().splitlines()
     assert "fell from 100%, 2/2 to 50%, 1/2" in err[0] and "incomplete" in err[-1]
+
+
+@pytest.mark.parametrize("run", ["medium/reproduce-medium", "large/reproduce-large", "tiny/reproduce-tiny"])
+def test_the_committed_reference_reports_show_the_summaries_of_their_json(run: str) -> None:
+    """Each committed report was regenerated from its JSON, so it holds the section as the JSON gives it."""
+    from harness.env import REPO_ROOT
+    from harness.store import results
+
+    root = REPO_ROOT / "results"
+    section = summaries.section(results.load(root / f"{run}.json"))
+    assert section and section in (root / f"{run}.md").read_text()
