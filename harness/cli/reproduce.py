@@ -44,10 +44,11 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))
     print()
-    print("Dashboard summaries (torch.compile dashboard definitions; the report has every mode):")
-    for line in summaries.target_lines(doc):
-        print(f"  {line}")
-    print()
+    dashboard = summaries.target_lines(doc)
+    if dashboard:
+        print("Dashboard summaries (the torch.compile dashboard's definitions; the report has every mode):")
+        print("\n".join(f"  {line}" for line in dashboard))
+        print()
     print(beside)
     print()
     print_summary(doc, args.out)
