@@ -121,3 +121,76 @@ class OptimizedGraph:
         return float(self.cell["optimus_s"])
 
     track_optimus_s.unit = "s"  # type: ignore[attr-defined]
+
+
+class DashboardSummaries:
+    """The torch.compile dashboard's summaries of compile+optimus against compile over the grid's
+    rows (family x scale), per phase (``harness.report.summaries``, docs/harness.md "Dashboard
+    summaries"). A failing or mismatched cell is not a failed benchmark here: it lowers the pass
+    rate, and is left out of the other figures, as the dashboard does."""
+
+    params = (phases(),)
+    param_names = ("phase",)
+    setup_cache = staticmethod(compiled_cells)
+    timeout = CELLS_TIMEOUT_S
+
+    def setup(self, cells_path: str, phase: str) -> None:
+        try:
+            from harness.report import summaries
+        except ImportError as err:  # a commit before the summaries: n/a, not a number
+            raise NotImplementedError("this commit's harness has no dashboard summaries") from err
+        grid = {(f, s) for f in families() for s in scales()}
+        cells = [
+            c
+            for c in load_cells(cells_path)
+            if (c.get("model"), c.get("scale")) in grid and c.get("mode") in (BASE_MODE, TARGET)
+        ]
+        self.summary = summaries.summarize({"cells": cells}, phase, TARGET, BASE_MODE)
+
+    def _figure(self, name: str) -> float:
+        v = getattr(self.summary, name)
+        if v is None:  # no row passed: the figure does not exist (n/a), it is not 0
+            raise NotImplementedError(f"no passing row for {name}")
+        return float(v)
+
+    def track_pass_rate(self, cells_path: str, phase: str) -> float:
+        """Rows where compile+optimus and compile both ran and matched eager, in % of all rows."""
+        return float(100 * self.summary.rate)
+
+    track_pass_rate.unit = "%"  # type: ignore[attr-defined]
+
+    def track_geomean_speedup(self, cells_path: str, phase: str) -> float:
+        """Geomean speedup over compile, each row clipped to at least 1.0x as the dashboard does."""
+        return self._figure("geomean_clipped")
+
+    track_geomean_speedup.unit = "x"  # type: ignore[attr-defined]
+
+    def track_geomean_speedup_unclipped(self, cells_path: str, phase: str) -> float:
+        """Geomean speedup over compile, slowdowns counted: the honest one."""
+        return self._figure("geomean")
+
+    track_geomean_speedup_unclipped.unit = "x"  # type: ignore[attr-defined]
+
+    def track_compile_latency_geomean_s(self, cells_path: str, phase: str) -> float:
+        """Geomean of compile+optimus's compile time over the passing rows."""
+        return self._figure("compile_geomean_s")
+
+    track_compile_latency_geomean_s.unit = "s"  # type: ignore[attr-defined]
+
+    def track_compile_latency_max_s(self, cells_path: str, phase: str) -> float:
+        """The longest compile of compile+optimus over the passing rows."""
+        return self._figure("compile_max_s")
+
+    track_compile_latency_max_s.unit = "s"  # type: ignore[attr-defined]
+
+    def track_peak_mem_compression_mean(self, cells_path: str, phase: str) -> float:
+        """Mean of compile's peak memory / compile+optimus's (above 1: less memory)."""
+        return self._figure("mem_ratio_mean")
+
+    track_peak_mem_compression_mean.unit = "ratio"  # type: ignore[attr-defined]
+
+    def track_peak_mem_compression_min(self, cells_path: str, phase: str) -> float:
+        """The worst row's compile peak / compile+optimus peak."""
+        return self._figure("mem_ratio_min")
+
+    track_peak_mem_compression_min.unit = "ratio"  # type: ignore[attr-defined]

@@ -1,5 +1,9 @@
 """`optimus-bench compare BASE NEW`: the regression gate between two results files.
 
+Beside the cell-by-cell verdicts it judges the pass rate of every mode (a fall is a regression,
+``harness.gate.compare.pass_rate_rows``) and prints the dashboard summary of compile+optimus
+against compile in both files, one line per phase (``harness.report.summaries``).
+
 The thresholds' defaults are the metric registry's (``harness.metric_registry``), the same
 the nightly config starts from."""
 
@@ -37,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from harness.gate import compare
+    from harness.report import summaries
     from harness.store import results
 
     th = compare.Thresholds(
@@ -48,12 +53,17 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.out:
         check_output_file(args.out)
-    rows = compare.compare_docs(results.load(args.base), results.load(args.new), th)
-    text = compare.format_rows(rows)
+    base, new = results.load(args.base), results.load(args.new)
+    rows = compare.compare_docs(base, new, th) + compare.pass_rate_rows(base, new)
+    text = "\n".join([compare.format_rows(rows), "", *summaries.change_lines(base, new)]).rstrip()
     print(text)
     if args.out:
         results.write_atomic(args.out, text + "\n")
     rc = compare.exit_code(rows)
+    fell = [r for r in rows if r.metric == "pass_rate" and r.verdict == "regression"]
+    for r in fell:
+        print(f"optimus-bench compare: {r.cell} fell from {r.base} to {r.new}", file=sys.stderr)
+    # the last line says why the gate failed: lost data wins over a regression
     if rc == exit_codes.INCOMPLETE:
         lost = compare.incomplete(rows)
         print(f"optimus-bench compare: incomplete: {len(lost)} cell(s) of {args.base} are missing, "

@@ -1,5 +1,5 @@
 """`optimus-bench reproduce`: the paper-style table, the whole suite in every mode and phase,
-with its report, its plots and the published references beside it."""
+with its report, its plots, the dashboard summaries and the published references beside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.report import paper, references
+    from harness.report import paper, references, summaries
     from harness.report.markdown import write_report
     from harness.run.runner import run_suite
 
@@ -44,6 +44,11 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(paper.format_paper_table(paper.paper_rows(doc)))
     print()
+    dashboard = summaries.target_lines(doc)
+    if dashboard:
+        print("Dashboard summaries (the torch.compile dashboard's definitions; the report has every mode):")
+        print("\n".join(f"  {line}" for line in dashboard))
+        print()
     print(beside)
     print()
     print_summary(doc, args.out)

@@ -11,6 +11,11 @@ new run simply lacks the slow cell. A base cell missing from the new run (``miss
 cell that is not ``ok`` (``failed``: failed, timeout or mismatch) and a figure that is not a
 finite number (``non-finite``) make the comparison ``incomplete``: exit code INCOMPLETE
 (``harness.exit_codes``), which wins over REGRESSION.
+
+Why a pass-rate row: the verdicts above read the cells of BASE only, so a new run that adds a row
+which fails passes them. The pass rate (``harness.report.summaries``: the share of rows where a
+mode ran, matched eager and has a speedup) sees every row of both files; a fall in it is a
+regression naming the cells that stopped passing (``pass_rate_rows``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness import exit_codes, metric_registry
+from harness.report import summaries
 from harness.spec import CellKey
 from harness.stats import bootstrap_median_ratio, mann_whitney_u
 from harness.store.results import cell_map
@@ -186,6 +192,34 @@ def _non_finite_figure(*cells: dict[str, Any]) -> str | None:
             if any(isinstance(v, float) and not math.isfinite(v) for v in metric.figures(c)):
                 return metric.name
     return None
+
+
+def pass_rate_rows(base: dict[str, Any], new: dict[str, Any]) -> list[Row]:
+    """One row per (phase, mode, baseline) summarized in both files: a regression when the pass
+    rate fell (compared exactly, as fractions), naming in ``new`` the cells of NEW that do not
+    pass and did in BASE or are new rows; the same rate, or a higher one, is not a regression."""
+    old_found = summaries.summaries(base)
+    rows = []
+    for s in summaries.summaries(new):
+        b = summaries.find(old_found, *s.key)
+        if b is None:
+            continue
+        was = {name for name, _ in b.left_out}
+        stopped = [
+            f"{name}/{s.mode}/{s.phase} ({why})"
+            for name, why in s.left_out
+            if name in b.passing or name not in was
+        ]
+        now = {*s.passing, *(name for name, _ in s.left_out)}
+        stopped += [f"{name}/{s.mode}/{s.phase} (row gone)" for name in b.passing if name not in now]
+        if s.rate < b.rate:
+            verdict, text = "regression", f"{s.pass_text()}; stopped passing: {', '.join(stopped)}"
+        else:
+            verdict, text = ("improvement" if s.rate > b.rate else "no change"), s.pass_text()
+        change = float(s.rate / b.rate) - 1.0 if b.rate else None
+        rows.append(Row(f"pass rate {s.mode} vs {s.against}, {s.phase}", "pass_rate", b.pass_text(), text,
+                        change, verdict))  # fmt: skip
+    return rows
 
 
 def has_regression(rows: list[Row]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from harness import metric_registry
 from harness.measure import limit
 from harness.modes import mode_registry
-from harness.report import paper, plots
+from harness.report import paper, plots, summaries
 from harness.spec import PHASES, CellKey
 from harness.store.results import cell_map
 
@@ -104,7 +104,9 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
 
     sharded = sharded_section(doc)
     limit_table = limit.format_table(doc)
+    dashboard = summaries.section(doc)
     parts += [
+        *([dashboard] if dashboard else []),
         *([sharded] if sharded else []),
         *(["## The limit: an ideal rewrite on this device\n", limit_table, ""] if limit_table else []),
         "## Per mode\n",

@@ -5,7 +5,8 @@ at that scale compile times and speedups are small. The paper-scale figures (for
 compile time saved on dcn ``large`` training) live in the committed results folders (the newest
 runs of all families: ``results/medium`` and ``results/large``). This reads those JSON files (never
 hard-coded figures) and renders them with the commit and date they were measured at, so a
-newcomer sees both the run they just made and what the same command gives at scale.
+newcomer sees both the run they just made and what the same command gives at scale, down to the
+dashboard summaries of each (``harness.report.summaries``), to read beside the fresh run's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.env import REPO_ROOT
-from harness.report import paper
+from harness.report import paper, summaries
 from harness.store import results
 
 REFERENCE_RUNS = (
@@ -95,6 +96,8 @@ def render(refs: list[tuple[Path, dict[str, Any]]], base: Path | None = None) ->
             "| model | scale | phase | speedup vs compile | compile time compile -> optimus | peak mem change |",
             "| --- | --- | --- | --- | --- | --- |",
             *(_figure(r) for r in paper.paper_rows(doc)),
+            "",
+            *(f"- dashboard summary, {line}" for line in summaries.target_lines(doc)),
         ]
     return "\n".join(lines)
 

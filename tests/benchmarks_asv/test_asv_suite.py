@@ -120,6 +120,21 @@ def test_compiled_figures_are_read_from_the_cells(given: Path) -> None:
     assert bench_compiled.CompiledCells.track_compile_s.unit == "s"  # type: ignore[attr-defined]
 
 
+def test_dashboard_summaries_count_the_mismatch_against_the_pass_rate(given: Path) -> None:
+    """towers passes (2.0 / 1.6 ms, 4 / 3 MiB, 12.5 s); dlrm's compile+optimus mismatched; dcn is
+    outside the grid (families towers,dlrm)."""
+    d = bench_compiled.DashboardSummaries()
+    d.setup(str(given), "infer")
+    assert d.track_pass_rate(str(given), "infer") == pytest.approx(50.0)
+    assert d.track_geomean_speedup(str(given), "infer") == pytest.approx(2.0 / 1.6)
+    assert d.track_geomean_speedup_unclipped(str(given), "infer") == pytest.approx(2.0 / 1.6)
+    assert d.track_compile_latency_geomean_s(str(given), "infer") == pytest.approx(12.5)
+    assert d.track_compile_latency_max_s(str(given), "infer") == pytest.approx(12.5)
+    assert d.track_peak_mem_compression_mean(str(given), "infer") == pytest.approx(4 / 3)
+    assert d.track_peak_mem_compression_min(str(given), "infer") == pytest.approx(4 / 3)
+    assert bench_compiled.DashboardSummaries.track_pass_rate.unit == "%"  # type: ignore[attr-defined]
+
+
 def test_failed_cell_fails_the_benchmark_instead_of_a_number(given: Path) -> None:
     with pytest.raises(RuntimeError, match="mismatch: outputs differ"):
         bench_compiled.CompiledSpeedup().setup(str(given), "dlrm", "tiny", "infer")

@@ -104,3 +104,4 @@ def test_reproduce_writes_table_report_and_plots(tmp_path: Path) -> None:
     beside = "## Beside the committed reference runs"  # the paper-scale figures next to this tiny run
     assert beside in out.stdout and beside in (tmp_path / "repro.md").read_text()
     assert "### `results/large/reproduce-large.json`: scale large, commit " in out.stdout
+    assert "- dashboard summary, train, compile+optimus vs compile: pass rate " in out.stdout

@@ -54,6 +54,7 @@ def test_the_committed_reference_runs_are_read_not_hard_coded() -> None:
     c = cells[CellKey("dcn", "large", "compile", "train")]["compile_s"]
     o = cells[CellKey("dcn", "large", "compile+optimus", "train")]["compile_s"]
     assert f"{c:.1f} s -> {o:.1f} s ({o - c:+.1f} s)" in text  # the compile time saved on dcn large train
+    assert "- dashboard summary, train, compile+optimus vs compile: pass rate 100%, 4/4" in text
 
 
 def test_a_noisy_reference_speedup_is_marked() -> None:
