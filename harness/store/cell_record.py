@@ -64,7 +64,8 @@ class WholeProblem(ValueError):
 
 
 class Latency(BaseModel):
-    """``latency_ms`` of a cell: the summary and the raw samples the gate's test reads."""
+    """A latency figure: the summary and the raw samples (ms) the gate's Mann-Whitney U test
+    reads."""
 
     model_config = STRICT
 
@@ -83,23 +84,24 @@ def _one_of(allowed: tuple[str, ...], value: str) -> str:
 
 
 class CellRecord(BaseModel):
-    """One cell of a results file (schema 1). ``cell_model()`` adds every registered metric."""
+    """One cell: one model at one scale, in one mode and phase. Every registered metric is a
+    field too (built from the metric registry); fields not named here are allowed."""
 
     model_config = STRICT
 
-    model: str
-    scale: str
-    mode: str = Field(description="a mode of harness/modes/mode_registry.py")
+    model: str = Field(description="model family (or the provider's model name)")
+    scale: str = Field(description="scale preset: tiny, small, medium, large, xl, ...")
+    mode: str = Field(description="a mode registered in harness/modes/mode_registry.py")
     phase: str = Field(json_schema_extra={"enum": list(PHASES)})
     status: str = Field(json_schema_extra={"enum": list(STATUSES)})
-    error: str | None
-    latency_ms: Latency | None
-    peak_mem_bytes: float | None
-    compile_s: float | None
-    optimus_s: float | None
-    nodes_before: int | None
-    nodes_after: int | None
-    max_abs_err: float | None
+    error: str | None = Field(description="why the cell is not ok; null when it is")
+    latency_ms: Latency | None = Field(description="step latency, ms; null when not measured")
+    peak_mem_bytes: float | None = Field(description="peak memory of one step, bytes")
+    compile_s: float | None = Field(description="compile time with caches off, s")
+    optimus_s: float | None = Field(description="seconds Optimus itself took")
+    nodes_before: int | None = Field(description="FX nodes of the dense arch before Optimus")
+    nodes_after: int | None = Field(description="FX nodes after Optimus")
+    max_abs_err: float | None = Field(description="largest output difference from eager")
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -193,8 +195,8 @@ def cell_model() -> type[CellRecord]:
 
 
 class Env(BaseModel):
-    """Where a run was measured (``harness.env.collect_env``); ``git`` and ``versions`` are read
-    as objects by report, nightly and the history store."""
+    """Where the run was measured: commit, versions, CPU and GPU (harness/env.py). ``git`` and
+    ``versions`` are objects because report, nightly and the history store read them so."""
 
     model_config = STRICT
 
@@ -204,12 +206,14 @@ class Env(BaseModel):
 
 def _kind_and_version(schema: dict[str, Any]) -> None:
     schema["required"] = ["schema", "kind", *schema.get("required", [])]
-    schema["properties"]["schema"].update(const=SCHEMA, type="integer")
-    schema["properties"]["kind"].update(const=KIND, type="string")
+    for name, const, json_type in (("schema", SCHEMA, "integer"), ("kind", KIND, "string")):
+        schema["properties"][name].pop("default", None)
+        schema["properties"][name].update(const=const, type=json_type)
 
 
 class ResultsDocument(BaseModel):
-    """A results file (schema 1): where and how it was run, and its cells, one per key."""
+    """An optimus-bench results file (schema 1): where and how the run was made, and its cells,
+    at most one per (model, scale, mode, phase)."""
 
     model_config = ConfigDict(
         strict=True, extra="allow", allow_inf_nan=False, frozen=True, json_schema_extra=_kind_and_version
@@ -220,7 +224,7 @@ class ResultsDocument(BaseModel):
     schema_version: Any = Field(default=None, alias="schema", validate_default=True)
     kind: Any = Field(default=None, validate_default=True)
     env: Env
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(description="the run's options (RunConfig) and the peer's options")
     cells: list[CellRecord]
 
     @field_validator("kind")

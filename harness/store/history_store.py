@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -75,13 +75,16 @@ class NightRecord(BaseModel):
     status: str | None = None
     branch: str | None = None
     dirty: bool | None = None
-    flagged: list[tuple[str, str]] = Field(default_factory=list, description="[cell, metric] pairs")
+    flagged: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, description="[cell, metric] pairs"
+    )
 
 
 def _kind_and_version(schema: dict[str, Any]) -> None:
     schema["required"] = ["schema", "kind", *schema.get("required", [])]
-    schema["properties"]["schema"].update(const=SCHEMA, type="integer")
-    schema["properties"]["kind"].update(const=KIND, type="string")
+    for name, const, json_type in (("schema", SCHEMA, "integer"), ("kind", KIND, "string")):
+        schema["properties"][name].pop("default", None)
+        schema["properties"][name].update(const=const, type=json_type)
 
 
 class HistoryEntry(BaseModel):
