@@ -335,6 +335,7 @@ def error_of(e: ValidationError, source: str) -> ResultsError:
     """The one error to report: a foreign file first, then NaN/inf (lost data), then the first."""
     errors = e.errors()
     whole = [x for x in errors if isinstance((x.get("ctx") or {}).get("error"), WholeProblem)]
+    whole.sort(key=lambda x: x["loc"][-1] != "kind")  # another kind of file says so before its version
     first = (whole or errors)[0]
     non_finite_err = next((x for x in errors if x["type"] == "finite_number"), None)
     if not whole and non_finite_err is not None:
