@@ -63,6 +63,14 @@ class WholeProblem(ValueError):
     printed after the object's path, without the field's name in front."""
 
 
+class _FieldAt(ValueError):
+    """A check of the whole object whose problem is one field's: the error names that field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class Latency(BaseModel):
     """A latency figure: the summary and the raw samples (ms) the gate's Mann-Whitney U test
     reads."""
@@ -123,9 +131,9 @@ class CellRecord(BaseModel):
     @model_validator(mode="after")
     def _status_has_its_fields(self) -> CellRecord:
         if self.status != "ok" and not self.error:
-            raise _at("error", f"status {self.status!r} needs an error message")
+            raise _FieldAt("error", f"status {self.status!r} needs an error message")
         if self.status == "ok" and self.latency_ms is None:
-            raise _at("latency_ms", "an ok cell needs latency samples")
+            raise _FieldAt("latency_ms", "an ok cell needs latency samples")
         return self
 
     @staticmethod
@@ -158,18 +166,6 @@ class CellRecord(BaseModel):
     def value(self, metric: str) -> Any:
         """The figure of a registered metric (latency: the median), None when not recorded."""
         return metric_registry.get(metric).value(self._raw)
-
-
-class _FieldAt(ValueError):
-    """A model-level problem that belongs to one field (``field``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def _at(field: str, message: str) -> _FieldAt:
-    return _FieldAt(field, message)
 
 
 CELL_FIELDS: tuple[str, ...] = tuple(CellRecord.model_fields)
@@ -249,7 +245,7 @@ class ResultsDocument(BaseModel):
         seen: set[CellKey] = set()
         for i, cell in enumerate(self.cells):
             if cell.key in seen:
-                raise _at(f"cells[{i}]", f"duplicate cell {cell.key.label()}")
+                raise _FieldAt(f"cells[{i}]", f"duplicate cell {cell.key.label()}")
             seen.add(cell.key)
         return self
 
