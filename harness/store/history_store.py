@@ -11,6 +11,9 @@ Line format (``SCHEMA`` 1)::
     {"schema": 1, "kind": "optimus-bench-night", "machine": {...}, "night": {sha, date,
      status, branch, dirty, flagged: [[cell, metric], ...]}, "results": {results document}}
 
+A line is validated by ``HistoryEntry`` (its results document by ``cell_record``'s models), so a
+damaged line is one error naming the file, the line and the field.
+
 Guarantees, each tested (tests/nightly/test_history_store.py):
 
 * Atomic append: one ``write`` of the whole line with ``O_APPEND``, then ``fsync``.
@@ -36,14 +39,98 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from harness.store import cell_record
 
 SCHEMA = 1
 KIND = "optimus-bench-night"
 MACHINE_FIELDS = ("cpu", "cpu_count", "device", "gpu", "torch", "python")
+
+
+class Machine(BaseModel):
+    """What must match for two nights to be one series (``machine_key``); compared, never computed on."""
+
+    model_config = cell_record.STRICT
+
+    cpu: str | None = None
+    cpu_count: int | None = None
+    device: str | None = None
+    gpu: str | None = None
+    torch: str | None = None
+    python: str | None = None
+
+
+class NightRecord(BaseModel):
+    """The night's own record: the commit, when, the verdict, and the cells flagged for a rerun."""
+
+    model_config = cell_record.STRICT
+
+    sha: str | None = None
+    date: str | None = None
+    status: str | None = None
+    branch: str | None = None
+    dirty: bool | None = None
+    flagged: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, description="[cell, metric] pairs"
+    )
+
+
+def _kind_and_version(schema: dict[str, Any]) -> None:
+    schema["required"] = ["schema", "kind", *schema.get("required", [])]
+    for name, const, json_type in (("schema", SCHEMA, "integer"), ("kind", KIND, "string")):
+        schema["properties"][name].pop("default", None)
+        schema["properties"][name].update(const=const, type=json_type)
+
+
+class HistoryEntry(BaseModel):
+    """One line of the history: one night, with its whole results document."""
+
+    model_config = ConfigDict(
+        strict=True, extra="allow", allow_inf_nan=False, frozen=True, json_schema_extra=_kind_and_version
+    )
+
+    schema_version: Any = Field(default=None, alias="schema", validate_default=True)
+    kind: Any = Field(default=None, validate_default=True)
+    machine: Machine
+    night: NightRecord
+    results: cell_record.ResultsDocument
+
+    @field_validator("kind")
+    @classmethod
+    def _our_kind(cls, v: Any) -> Any:
+        if v != KIND:
+            raise cell_record.WholeProblem(f"not an optimus-bench night (kind={v!r})")
+        return v
+
+    @field_validator("schema_version")
+    @classmethod
+    def _our_version(cls, v: Any) -> Any:
+        if v != SCHEMA or isinstance(v, bool):
+            raise cell_record.WholeProblem(
+                f"history schema {v!r} is not supported; this harness reads schema {SCHEMA} "
+                "(a newer harness wrote it?); nothing was changed"
+            )
+        return v
+
+
+@cache
+def _entry_model(document: type[cell_record.ResultsDocument]) -> type[HistoryEntry]:
+    return create_model(
+        "HistoryEntry",
+        __base__=HistoryEntry,
+        __doc__=HistoryEntry.__doc__,
+        results=(document, ...),
+    )
+
+
+def entry_model() -> type[HistoryEntry]:
+    """The history-line model of the metrics registered now."""
+    return _entry_model(cell_record.document_model())
 
 
 class HistoryError(ValueError):
@@ -96,6 +183,19 @@ def _locked(path: Path, exclusive: bool) -> Iterator[None]:
         os.close(fd)
 
 
+def parse_entry(rec: Any, where: str) -> HistoryEntry:
+    """One parsed line as the model, or HistoryError naming the line and the field."""
+    try:
+        entry = entry_model().model_validate(rec)
+        for i, cell in enumerate(entry.results.cells):
+            cell_record.check_finite(cell, f"{where}: results: cells[{i}]")
+    except ValidationError as e:
+        raise HistoryError(str(cell_record.error_of(e, where))) from None
+    except cell_record.ResultsError as e:
+        raise HistoryError(str(e)) from None
+    return entry
+
+
 def _parse(path: Path, raw: bytes) -> tuple[list[Night], bytes]:
     """Whole nights, and the torn tail (b"" when the file ends in a whole line)."""
     nights: list[Night] = []
@@ -110,23 +210,8 @@ def _parse(path: Path, raw: bytes) -> tuple[list[Night], bytes]:
             raise HistoryError(
                 f"{path}:{n}: not a JSON line ({e}); the file is damaged before its end"
             ) from None
-        if not isinstance(rec, dict) or rec.get("kind") != KIND:
-            raise HistoryError(
-                f"{path}:{n}: not an optimus-bench night (kind={rec.get('kind') if isinstance(rec, dict) else None!r})"
-            )
-        if rec.get("schema") != SCHEMA:
-            raise HistoryError(
-                f"{path}:{n}: history schema {rec.get('schema')!r} is not supported; this harness reads "
-                f"schema {SCHEMA} (a newer harness wrote it?); nothing was changed"
-            )
-        for key in ("machine", "night", "results"):
-            if not isinstance(rec.get(key), dict):
-                raise HistoryError(f"{path}:{n}: field {key!r} must be an object")
-        try:
-            doc = cell_record.validate(rec["results"], f"{path}:{n}: results")
-        except cell_record.ResultsError as e:
-            raise HistoryError(str(e)) from None
-        nights.append(Night(n, rec["machine"], rec["night"], doc))
+        parse_entry(rec, f"{path}:{n}")
+        nights.append(Night(n, rec["machine"], rec["night"], rec["results"]))
     return nights, tail
 
 
@@ -157,6 +242,7 @@ def append(path: str | os.PathLike[str], doc: dict[str, Any], night: dict[str, A
     doc = cell_record.validate(doc, "night to append")
     machine = machine_key(doc["env"])
     rec = {"schema": SCHEMA, "kind": KIND, "machine": machine, "night": night, "results": doc}
+    parse_entry(rec, "night to append")  # never write a line the next reader refuses
     line = (json.dumps(rec, allow_nan=False, separators=(",", ":")) + "\n").encode()
     p.parent.mkdir(parents=True, exist_ok=True)
     with _locked(p, exclusive=True):

@@ -15,7 +15,9 @@ Schema 1 (``SCHEMA``)::
                  q3, n, samples}, peak_mem_bytes, compile_s, optimus_s, nodes_before,
                  nodes_after, max_abs_err, ...}, ... ]}
 
-Extra fields are allowed anywhere; renaming or removing one needs a new SCHEMA.
+Extra fields are allowed anywhere; renaming or removing one needs a new SCHEMA. The models that
+say this, and validate it, are ``harness.store.cell_record``'s; ``docs/results.schema.json`` is
+their JSON Schema (``python -m harness.store.results_schema`` writes it).
 """
 
 from __future__ import annotations
