@@ -32,7 +32,7 @@ from harness.cli import (
     targets,
 )
 from harness.cli.common import version
-from harness.store.results import NonFiniteError, ResultsError
+from harness.store.results import ResultsError
 
 COMMANDS: tuple[ModuleType, ...] = (
     listing, models, run, compare, report, reproduce, targets, ab, nightly, replay, headroom, changes,
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     command = {c.NAME: c for c in COMMANDS}[args.command]
     try:
         return command.main(args)
-    except NonFiniteError as e:  # garbage recorded as a figure: lost data, not a typo
-        print(f"optimus-bench {args.command}: incomplete: {e}", file=sys.stderr)
-        return exit_codes.INCOMPLETE
-    except (ValueError, ResultsError) as e:  # OutputPathError is a ValueError
+    except (
+        ValueError,
+        ResultsError,
+    ) as e:  # NonFiniteError too: a NaN/inf figure is a malformed file  # OutputPathError is a ValueError
         print(f"optimus-bench {args.command}: error: {e}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     except KeyboardInterrupt:

@@ -91,7 +91,7 @@ def test_compare_non_finite_figure_fails_the_gate(
     cells = [synthetic.cell(m, "compile", "infer", 5.0, seed=s) for m, s in (("towers", 3), ("dlrm", 4))]
     cells[1]["latency_ms"][field] = float("nan")  # json.dumps writes NaN, json.loads reads it back
     base, new = _pair(tmp_path, cells)
-    assert cli.main(["compare", base, new]) == exit_codes.INCOMPLETE
+    assert cli.main(["compare", base, new]) == exit_codes.BAD_INPUT  # a malformed file
     line = _one_line(capsys.readouterr().err)
     assert "new.json" in line and f"cells[1].latency_ms.{field}" in line and "finite" in line
 

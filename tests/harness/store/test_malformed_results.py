@@ -1,4 +1,4 @@
-"""Malformed results files (tests/harness/malformed/): one line naming the field, a non-zero exit
+"""Malformed results files (tests/harness/store/malformed/): one line naming the field, a non-zero exit
 that says what went wrong, and never a traceback, for every command that reads them.
 
 Each file is ``good.json`` with one thing broken. A NaN or inf figure is lost data (exit 3, as
@@ -46,8 +46,8 @@ CASES: dict[str, tuple[int, str]] = {
     "schema-2.json": (exit_codes.BAD_INPUT, "schema version 2 is not supported"),
     "top-level-list.json": (exit_codes.BAD_INPUT, "top level must be a JSON object, got list"),
     "not-json.json": (exit_codes.BAD_INPUT, "corrupt results file (not valid JSON"),
-    "non-finite-median.json": (exit_codes.INCOMPLETE, "cells[0].latency_ms.median: must be a finite number"),
-    "non-finite-overflow.json": (exit_codes.INCOMPLETE, "cells[0].compile_s: must be a finite number"),
+    "non-finite-median.json": (exit_codes.BAD_INPUT, "cells[0].latency_ms.median: must be a finite number"),
+    "non-finite-overflow.json": (exit_codes.BAD_INPUT, "cells[0].compile_s: must be a finite number"),
 }
 
 # the same files as the results document of a history line (``changes``, ``nightly``): always exit 2
