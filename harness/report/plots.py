@@ -225,13 +225,13 @@ def plot_floor(doc: dict[str, Any], path: Path) -> Path:
                 ax.axhline(
                     min(floors), color="black", linestyle="--", linewidth=1.0, label="floor (roofline)"
                 )
-            for i, c in enumerate(ok):
+            for i, (c, g) in enumerate(zip(ok, got, strict=True)):
                 if c is not None and c.get("of_floor") is not None:
                     ax.annotate(
                         f"{100 * c['of_floor']:.1f}%", (x[i], ys[i]), ha="center", va="bottom", fontsize=7
                     )
-                elif got[i] is not None and c is None:
-                    ax.annotate(got[i]["status"], (x[i], 0.02), xycoords=("data", "axes fraction"), rotation=90,
+                elif g is not None and c is None:
+                    ax.annotate(g["status"], (x[i], 0.02), xycoords=("data", "axes fraction"), rotation=90,
                                 ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
             ax.set_yscale("log")
             ax.set_xticks(x, modes, rotation=20, fontsize=7)
