@@ -148,7 +148,6 @@ def _flop_counter(calls: list[tuple[int, int]]) -> Any:
     """A ``FlopCounterMode`` that also keeps, per counted call, (its FLOPs, the bytes of its
     second-largest tensor operand: a matmul's smaller operand). FlopCounterMode does the
     counting; the rate a call is priced at depends on that operand's size."""
-    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     class Counter(FlopCounterMode):
@@ -161,7 +160,6 @@ def _flop_counter(calls: list[tuple[int, int]]) -> Any:
                 calls.append((int(flops), sizes[1] if len(sizes) > 1 else (sizes[0] if sizes else 0)))
             return result
 
-    del torch
     return Counter(display=False)
 
 
@@ -230,6 +228,11 @@ def count(
     )
     input_bytes = _nbytes(args, seen)
     saved: list[Any] = []
+
+    def pack(t: Any) -> Any:  # what autograd saves for backward, kept to be counted
+        saved.append(t)
+        return t
+
     calls: list[tuple[int, int]] = []
     counter = _flop_counter(calls)
     if train:
@@ -237,7 +240,7 @@ def count(
         module.train(True)
         try:
             with counter, torch.enable_grad():
-                with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     out = module(*args)
                 outs = [o for o in _flatten(out) if o.requires_grad]
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
