@@ -140,7 +140,7 @@ def _str_text(v: Any, scale: float) -> str:
 
 
 def _pct_text(v: Any, scale: float) -> str:
-    return f"{100 * v:.1f}%"
+    return f"{100 * v:.3g}%"  # three figures: a tiny model's step sits at a fraction of a percent
 
 
 for _m in (

@@ -92,8 +92,14 @@ def peaks_text(peaks: dict[str, Any] | None) -> str:
     shapes = ", ".join(f"{g['m']}x{g['n']}x{g['k']} {g['flops_per_s'] / 1e9:.1f}" for g in peaks["gemm"])
     return (
         f"- machine peaks ({peaks['device']}, {peaks['threads']} thread(s), median of {peaks['repeats']}): "
-        f"GEMM GFLOP/s {shapes} (floor uses {peaks['gemm_flops_per_s'] / 1e9:.1f}); streaming copy of "
-        f"{peaks['copy_bytes'] / 2**20:.0f} MiB {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n"
+        f"GEMM GFLOP/s {shapes} (each matmul at the rate of the nearest shape below its own); streaming copy of "
+        f"{peaks['copy_bytes'] / 2**20:.0f} MiB {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+        + (
+            f", in cache ({peaks['cache_copy_bytes'] / 2**10:.0f} KiB) {peaks['cache_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+            if peaks.get("cache_bandwidth_bytes_per_s")
+            else ""
+        )
+        + "\n"
     )
 
 

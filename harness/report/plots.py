@@ -228,12 +228,14 @@ def plot_floor(doc: dict[str, Any], path: Path) -> Path:
             for i, (c, g) in enumerate(zip(ok, got, strict=True)):
                 if c is not None and c.get("of_floor") is not None:
                     ax.annotate(
-                        f"{100 * c['of_floor']:.1f}%", (x[i], ys[i]), ha="center", va="bottom", fontsize=7
+                        f"{100 * c['of_floor']:.3g}%", (x[i], ys[i]), ha="center", va="bottom", fontsize=7
                     )
                 elif g is not None and c is None:
                     ax.annotate(g["status"], (x[i], 0.02), xycoords=("data", "axes fraction"), rotation=90,
                                 ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
             ax.set_yscale("log")
+            if floors:  # the floor line above the axis, not on it
+                ax.set_ylim(bottom=min(floors) / 3)
             ax.set_xticks(x, modes, rotation=20, fontsize=7)
             ax.set_ylabel("median step latency (ms)")
             ax.set_title(f"{model} / {phase}", fontsize=9)

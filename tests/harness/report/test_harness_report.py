@@ -104,7 +104,7 @@ def test_report_shows_percent_of_floor_per_mode_and_the_floor_plot(tmp_path: Pat
         c["latency_ms"]["median"] for c in doc["cells"]
         if (c["model"], c["mode"], c["phase"]) == ("towers", "compile+optimus", "infer")
     )  # fmt: skip
-    assert f"{100 * compile_optimus_infer:.1f}%" in md
+    assert f"{100 * compile_optimus_infer:.3g}%" in md
     assert "GEMM GFLOP/s 8x8x8 100.0" in md
     floor_png = tmp_path / "run_floor.png"
     assert floor_png in pngs and "](run_floor.png)" in md
