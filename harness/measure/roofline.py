@@ -88,7 +88,7 @@ def measure_peaks(device: str = "cpu", threads: int = 1, seed: int = 0) -> dict[
     ``REPEATS`` calls: the GEMM rate of each of ``GEMM_SHAPES`` (``key_bytes``: its smaller
     operand, what the kernel keeps in cache), the streaming-copy bandwidth of a copy larger than
     the last-level cache (``bandwidth_bytes_per_s``) and of one that stays in cache
-    (``cache_bandwidth_bytes_per_s``). About two seconds on the 2-core development machine."""
+    (``cache_bandwidth_bytes_per_s``). Two to three seconds on the 2-core development machine."""
     import torch
 
     saved = torch.get_num_threads()
