@@ -139,6 +139,10 @@ def _str_text(v: Any, scale: float) -> str:
     return str(v)
 
 
+def _pct_text(v: Any, scale: float) -> str:
+    return f"{100 * v:.3g}%"  # three figures: a tiny model's step sits at a fraction of a percent
+
+
 for _m in (
     Metric("latency_ms", "ms", judge="samples", rel=0.05, rel_key="latency", compare_unit="ms",
            compare_fmt=".3f", report_title="Median step latency, ms (IQR)", report_text=_latency_text,
@@ -159,5 +163,11 @@ for _m in (
            plot_title="Compile time, caches off (eager+optimus: the optimize call)",
            plot_ylabel="compile time (s), caches off", plot_rank=1, plot_compile_modes=True,
            asv_bench="bench_compiled.CompiledCells.track_compile_s", history=True, history_unit="s"),
+    # The roofline floor (harness/measure/roofline.py): shown, not judged; a change of the floor is
+    # a change of the counting or of the machine's peaks, not of the code under test.
+    Metric("floor_ms", "ms", judge="shown", report_if_present=True, report_text=_num(".4f"),
+           report_title="Roofline floor of the dense arch, ms (max of FLOPs / GEMM rate, bytes / bandwidth)"),
+    Metric("of_floor", "fraction", lower_is_better=False, judge="shown", report_if_present=True,
+           report_text=_pct_text, report_title="% of floor (floor_ms / median step latency; 100% = at the roofline)"),
 ):  # fmt: skip
     register(_m)

@@ -66,18 +66,40 @@ def env_text(doc: dict[str, Any]) -> str:
     v = env.get("versions") or {}
     dirty = " (dirty)" if git.get("dirty") else ""
     return (
-        f"- commit: `{git.get('sha')}`{dirty}\n"
-        f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
-        f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
-        f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
-        f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
-        f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
-        f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
-    ) + (
-        f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
-        "latency = slowest rank per step\n"
-        if int(cfg.get("nproc") or 1) > 1
-        else ""
+        (
+            f"- commit: `{git.get('sha')}`{dirty}\n"
+            f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
+            f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
+            f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
+            f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
+            f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
+            f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+        )
+        + (
+            f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
+            "latency = slowest rank per step\n"
+            if int(cfg.get("nproc") or 1) > 1
+            else ""
+        )
+        + peaks_text(env.get("peaks"))
+    )
+
+
+def peaks_text(peaks: dict[str, Any] | None) -> str:
+    """The run's measured machine peaks, the denominators of every cell's floor."""
+    if not peaks:
+        return ""
+    shapes = ", ".join(f"{g['m']}x{g['n']}x{g['k']} {g['flops_per_s'] / 1e9:.1f}" for g in peaks["gemm"])
+    return (
+        f"- machine peaks ({peaks['device']}, {peaks['threads']} thread(s), median of {peaks['repeats']}): "
+        f"GEMM GFLOP/s {shapes} (each matmul at the rate of the nearest shape below its own); streaming copy of "
+        f"{peaks['copy_bytes'] / 2**20:.0f} MiB {peaks['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+        + (
+            f", in cache ({peaks['cache_copy_bytes'] / 2**10:.0f} KiB) {peaks['cache_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+            if peaks.get("cache_bandwidth_bytes_per_s")
+            else ""
+        )
+        + "\n"
     )
 
 
@@ -132,6 +154,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
         raise ValueError("results: no cells to report")
     plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem), key=lambda m: m.plot_rank)
     images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
+    if any(c.get("floor_ms") for c in doc["cells"]):
+        images.append(plots.plot_floor(doc, out / f"{stem}_floor.png"))
     rows = paper.paper_rows(doc)
     if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
         images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))

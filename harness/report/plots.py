@@ -198,3 +198,54 @@ def plot_changes(rows: list[dict[str, Any]], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_floor(doc: dict[str, Any], path: Path) -> Path:
+    """Each family's modes against its roofline floor: per model (row) and phase (column), the
+    median step latency of every mode as a bar and the floor as a line, on a log axis (the floor
+    of a small model sits orders of magnitude below its step), each bar labelled with its % of
+    floor. Why a plot of its own: the floor is one figure per family and phase, not per mode."""
+    cells = cell_map(doc)
+    models, modes, phases, scale = _layout(doc)
+    fig, axes = plt.subplots(
+        max(1, len(models)), max(1, len(phases)), figsize=(4.2 * max(1, len(phases)) + 1, 3.4 * max(1, len(models))),
+        squeeze=False,
+    )  # fmt: skip
+    x = np.arange(len(modes))
+    for r, model in enumerate(models):
+        for col, phase in enumerate(phases):
+            ax = axes[r][col]
+            got = [next((v for k, v in cells.items() if (k.model, k.mode, k.phase) == (model, m, phase)), None)
+                   for m in modes]  # fmt: skip
+            ok = [c if c is not None and c["status"] == "ok" else None for c in got]
+            ys = [c["latency_ms"]["median"] if c is not None else np.nan for c in ok]
+            ax.bar(x, ys, 0.7, color=[mode_registry.color(m) for m in modes])
+            floors = [c["floor_ms"] for c in ok if c is not None and c.get("floor_ms")]
+            if floors:
+                ax.axhline(
+                    min(floors), color="black", linestyle="--", linewidth=1.0, label="floor (roofline)"
+                )
+            for i, (c, g) in enumerate(zip(ok, got, strict=True)):
+                if c is not None and c.get("of_floor") is not None:
+                    ax.annotate(
+                        f"{100 * c['of_floor']:.3g}%", (x[i], ys[i]), ha="center", va="bottom", fontsize=7
+                    )
+                elif g is not None and c is None:
+                    ax.annotate(g["status"], (x[i], 0.02), xycoords=("data", "axes fraction"), rotation=90,
+                                ha="center", va="bottom", fontsize=7, color="red")  # fmt: skip
+            ax.set_yscale("log")
+            if floors:  # the floor line above the axis, not on it
+                ax.set_ylim(bottom=min(floors) / 3)
+            ax.set_xticks(x, modes, rotation=20, fontsize=7)
+            ax.set_ylabel("median step latency (ms)")
+            ax.set_title(f"{model} / {phase}", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+            if floors:
+                ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"Modes against the roofline floor of the dense arch (label: % of floor), scale {scale}", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

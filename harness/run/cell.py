@@ -263,6 +263,25 @@ def measure_limit(
         return {"error": f"{type(e).__name__}: {e}", "ideal_ms": None}
 
 
+def record_floor(
+    cell: dict[str, Any],
+    dense: Any,
+    example: tuple[Any, ...],
+    train: bool,
+    input_grads: list[bool] | None,
+    peaks: dict[str, Any],
+) -> None:
+    """The cell's roofline floor (``harness.measure.roofline``), counted on the dense arch as
+    built: every mode computes the same math, so one family and phase has one floor. Counted
+    after timing (it runs the arch once more); a failure is recorded, not raised."""
+    from harness.measure import roofline
+
+    try:
+        roofline.fill_cell(cell, roofline.count(dense, example, train, input_grads), peaks)
+    except Exception as e:
+        cell["floor"] = {"error": f"{type(e).__name__}: {e}"}
+
+
 def _build(cfg: dict[str, Any], key: CellKey, cell: dict[str, Any]) -> tuple[Any, list[Any]]:
     """The provider's model and its batches, seeded; the build time and the model's meta go
     into ``cell``."""
@@ -368,6 +387,9 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     record_compile_time(cell, prepared.prepare_s, first_call_s, mode.compiled)
     cell.update(memory.step_peak_memory(step, device, step_static_tensors(module, optimizer)))
     record_graphs(cell, mode.compiled, graphs_before, graphs_first)
+    if spec.get("peaks"):
+        grads = input_requires_grad(module, batches[0]) if train else None
+        record_floor(cell, dense, example, train, grads, spec["peaks"])
     if cfg.get("limit") and key.mode in limit_references():
         grads = input_requires_grad(module, batches[0]) if train else None
         cell["limit"] = measure_limit(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.env import REPO_ROOT, collect_env
+from harness.measure import roofline
 from harness.modes import mode_registry
 from harness.run.process_env import child_env
 from harness.spec import CellKey, RunConfig
@@ -48,8 +49,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_one(key: CellKey, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run one cell in a fresh process (its own session, so a timeout kills its compile workers)."""
+def run_one(
+    key: CellKey, config: dict[str, Any], timeout_s: float, peaks: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run one cell in a fresh process (its own session, so a timeout kills its compile workers).
+    ``peaks``: the run's machine peaks, which the cell divides its floor by (none: no floor)."""
 
     with tempfile.TemporaryDirectory(prefix="optimus-bench-cell-") as tmp:
         spec_path, out_path, err_path = Path(tmp, "spec.json"), Path(tmp, "out.json"), Path(tmp, "stderr.txt")
@@ -59,6 +63,7 @@ def run_one(key: CellKey, config: dict[str, Any], timeout_s: float) -> dict[str,
             "mode": key.mode,
             "phase": key.phase,
             "config": config,
+            "peaks": peaks,
         }
         spec_path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "harness.run.cell", str(spec_path), str(out_path)]
@@ -190,6 +195,10 @@ def run_suite(
         if not (retry_failed and c["status"] in ("failed", "timeout"))
     }
     todo = [k for k in cfg.cells() if k not in done]
+    if todo and cfg.nproc == 1 and not doc["env"].get("peaks"):
+        # Once per run, before the cells: every cell's floor divides by the same peaks (a resumed
+        # run keeps the ones its first cells used).
+        doc["env"]["peaks"] = roofline.measure_peaks(cfg.device, int(cfg.threads or 0), int(cfg.seed))
     results.save_atomic(path, doc)
 
     bar: Any = None
@@ -212,7 +221,7 @@ def run_suite(
                 if cell.get("plan") is not None:
                     plans[key.model] = cell["plan"]
             else:
-                cell = run_one(key, config, cfg.timeout_s)
+                cell = run_one(key, config, cfg.timeout_s, doc["env"].get("peaks"))
             results.upsert_cell(doc, cell)
             results.save_atomic(path, doc)
             if on_cell is not None:

@@ -36,7 +36,7 @@ def _fake_night(monkeypatch: pytest.MonkeyPatch, status: str) -> list[str]:
         results.save_atomic(out, d)
         return d
 
-    def fake_one(key: Any, cfg: Any, timeout: float) -> dict[str, Any]:
+    def fake_one(key: Any, cfg: Any, timeout: float, peaks: Any = None) -> dict[str, Any]:
         calls.append("rerun")
         return cell()
 

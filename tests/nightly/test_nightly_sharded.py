@@ -65,7 +65,7 @@ class FakeNights:
         results.save_atomic(out, d)
         return d
 
-    def one(self, key: Any, cfg: Any, timeout: float) -> dict[str, Any]:
+    def one(self, key: Any, cfg: Any, timeout: float, peaks: Any = None) -> dict[str, Any]:
         self.calls.append("rerun")
         return synthetic.cell("towers", "compile", "infer", 5.0, seed=99)
 

@@ -86,3 +86,27 @@ def test_report_writes_markdown_and_readable_pngs(tmp_path: Path) -> None:
 def test_report_of_empty_results_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no cells"):
         write_report(synthetic.doc([]), tmp_path, "x")
+
+
+def test_report_shows_percent_of_floor_per_mode_and_the_floor_plot(tmp_path: Path) -> None:
+    doc = _suite()
+    doc["env"]["peaks"] = {"device": "cpu", "threads": 1, "repeats": 5, "gemm_flops_per_s": 100e9,
+                           "gemm": [{"m": 8, "n": 8, "k": 8, "key_bytes": 256, "flops_per_s": 100e9}],
+                           "copy_bytes": 2**26, "bandwidth_bytes_per_s": 5e9}  # fmt: skip
+    for c in doc["cells"]:
+        if c["status"] == "ok":  # one floor per family and phase, 1 ms; the modes read against it
+            c["floor_ms"] = 1.0
+            c["of_floor"] = 1.0 / c["latency_ms"]["median"]
+    md_path, *pngs = write_report(doc, tmp_path, "run")
+    md = md_path.read_text()
+    assert "### % of floor (floor_ms / median step latency; 100% = at the roofline): infer" in md
+    compile_optimus_infer = 1.0 / next(
+        c["latency_ms"]["median"] for c in doc["cells"]
+        if (c["model"], c["mode"], c["phase"]) == ("towers", "compile+optimus", "infer")
+    )  # fmt: skip
+    assert f"{100 * compile_optimus_infer:.3g}%" in md
+    assert "GEMM GFLOP/s 8x8x8 100.0" in md
+    floor_png = tmp_path / "run_floor.png"
+    assert floor_png in pngs and "](run_floor.png)" in md
+    img = mpimg.imread(floor_png)
+    assert img.shape[0] > 300 and img.shape[1] > 500

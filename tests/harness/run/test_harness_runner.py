@@ -147,3 +147,17 @@ def test_retry_failed_reruns_only_failed_cells(tmp_path: Path) -> None:
     cells = {c["model"]: c for c in new["cells"]}
     assert cells["mlp"]["status"] == "ok" and cells["mlp"]["error"] is None
     assert cells["towers"]["finished_at"] == 123.0  # the ok cell was kept, not rerun
+
+
+def test_run_measures_peaks_once_and_every_cell_records_its_floor(tmp_path: Path) -> None:
+    cfg = RunConfig(models=["mlp"], modes=["eager"], phases=["infer", "train"], timeout_s=60.0,
+                    **QUICK).validate()  # fmt: skip
+    doc = run_suite(cfg, tmp_path / "r.json", progress=False)
+    peaks = doc["env"]["peaks"]
+    assert peaks["threads"] == 1 and peaks["gemm_flops_per_s"] > 0 and peaks["bandwidth_bytes_per_s"] > 0
+    floors = {c["phase"]: c["floor"] for c in doc["cells"]}
+    assert floors["train"]["flops"] > floors["infer"]["flops"] > 0  # backward's matmuls
+    assert floors["train"]["grad_bytes"] > 0 and floors["infer"]["grad_bytes"] == 0
+    for c in doc["cells"]:
+        assert c["of_floor"] == c["floor_ms"] / c["latency_ms"]["median"]
+        assert 0 < c["of_floor"] <= 1.0
