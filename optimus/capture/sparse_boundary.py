@@ -266,7 +266,7 @@ def outer_graph_module(
     graph = fx.Graph()
     args = [graph.placeholder(name) for name in names]
     if context is not None and context.steps:
-        root.lookup_context = context
+        root.__dict__["lookup_context"] = context  # a plain attribute, read by get_attr
         pooled = graph.call_function(
             lookup, (graph.get_attr("sparse"), args[boundary.index], graph.get_attr("lookup_context"))
         )
