@@ -812,7 +812,7 @@ def forward_source(spec: Spec) -> str:
         f"e{j}" for j, m in enumerate(members) if m.joined and m.kind == "feature_lookup" and not m.consumer
     ]
     if len(joined) > 1:  # DeepCTR: torch.cat(sparse_embedding_list, dim=-1), then flattened
-        cut = _slice_of(spec.sliced, joined, "...")
+        cut = _slice_of(spec.sliced, joined, ":, :", spec.hidden)
         if cut:  # the pieces are read only through the slice
             outs = [o for o in outs if o not in {"o" + e[1:] for e in joined}]
         body.append(f"lk = torch.flatten(torch.cat([{', '.join(joined)}], -1){cut}, 1)")
@@ -820,7 +820,7 @@ def forward_source(spec: Spec) -> str:
     towers = [f"o{j}" for j, m in enumerate(members) if m.joined and _joins_towers(m)]
     if towers:  # the over-arch input: the towers' results side by side, each returned only there
         outs = [o for o in outs if o not in towers]
-        cut = _slice_of(spec.sliced, towers, ":") if len(towers) > 1 else ""
+        cut = _slice_of(spec.sliced, towers, ":", spec.hidden) if len(towers) > 1 else ""
         body.append(f"tw = torch.cat([{', '.join(towers)}], 1){cut}")
         outs.append("tw")
     outs = outs or ["h"]  # every program returns something
@@ -828,13 +828,13 @@ def forward_source(spec: Spec) -> str:
     return "\n".join(body)
 
 
-def _slice_of(sliced: str, pieces: list[str], lead: str) -> str:
-    """The subscript reading only the first ("head") or last ("tail") piece of a concatenation
-    along its last dim (``lead``: what comes before that dim)."""
+def _slice_of(sliced: str, pieces: list[str], lead: str, width: int) -> str:
+    """The subscript reading only the first ("head") or last ("tail") piece of a concatenation of
+    pieces ``width`` wide along its last dim (``lead``: what comes before that dim)."""
     if sliced == "head":
-        return f"[{lead}, :{pieces[0]}.shape[-1]]"
+        return f"[{lead}, :{width}]"
     if sliced == "tail":
-        return f"[{lead}, -{pieces[-1]}.shape[-1]:]"
+        return f"[{lead}, {width * (len(pieces) - 1)}:]"
     return ""
 
 
