@@ -177,10 +177,12 @@ def optimize(
         inputs = capture.check_inputs(module, example_inputs)
         boundary = sparse_boundary.find(module, inputs)
         found = _capture_around_lookup(module, inputs, cfg, boundary) if boundary is not None else None
-        if found is not None:
+        if isinstance(found, tuple):
             gm, report = found
         else:
             gm, report = capture_and_optimize(module, inputs, cfg)
+            if found is not None:
+                report.notes.append(f"sparse boundary not used: {found}")
             if report.capture == "export":
                 specialize(gm, module, inputs, functools.partial(_recapture, cfg=cfg))
                 report.specializations = getattr(gm, GUARD).reasons
@@ -205,12 +207,33 @@ def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> 
     return gm
 
 
+def _lookup_context(
+    dense: sparse_boundary.DenseOf, stub: sparse_boundary.PooledStub, args: tuple[Any, ...]
+) -> sparse_boundary.LookupContext | str | None:
+    """The contexts the model wraps its lookup in, read from one export with the lookup marked
+    (see :func:`optimus.capture.sparse_boundary.lookup_context`); a string says why they cannot be
+    reproduced, None that the model does not export."""
+    boundary = dense.__dict__["boundary"]
+    stub.probe = True
+    try:
+        with caller_state.preserved(dense), boundary.stubbed(stub):
+            probe = capture.export(dense, caller_state.clone_inputs(args))
+    except Exception as exc:
+        log.info("optimus: the lookup probe did not export (%s: %s)", type(exc).__name__, exc)
+        return None
+    finally:
+        stub.probe = False
+    return sparse_boundary.lookup_context(probe, traced_grad=torch.is_grad_enabled())
+
+
 def _capture_around_lookup(
     module: nn.Module, inputs: tuple[Any, ...], cfg: OptimusConfig, boundary: sparse_boundary.Boundary
-) -> tuple[fx.GraphModule, OptimusReport] | None:
+) -> tuple[fx.GraphModule, OptimusReport] | str | None:
     """Whole-graph capture of a model fed a KeyedJaggedTensor, its EmbeddingBagCollection run
-    eagerly outside the graph (see :mod:`optimus.capture.sparse_boundary`); None when that capture does
-    not apply or fails (the caller then takes the ordinary path)."""
+    eagerly outside the graph under the contexts the model wraps it in (see
+    :mod:`optimus.capture.sparse_boundary`); None when that capture does not apply or fails, or
+    the reason when the lookup's contexts cannot be reproduced (the caller then takes the
+    ordinary path)."""
     with caller_state.preserved(module):
         kjt = caller_state.clone_inputs(inputs)[boundary.index]
         example = sparse_boundary.pooled_example(boundary, kjt)
@@ -219,6 +242,17 @@ def _capture_around_lookup(
     pooled, stub = example
     dense = sparse_boundary.DenseOf(module, boundary, stub)
     dense_inputs = (*inputs[: boundary.index], pooled, *inputs[boundary.index + 1 :])
+    context = _lookup_context(dense, stub, dense_inputs)
+    if not isinstance(context, sparse_boundary.LookupContext):
+        return context
+    if context.steps:  # the example as the lookup really makes it: requires_grad, dtype
+        with caller_state.preserved(module):
+            kjt = caller_state.clone_inputs(inputs)[boundary.index]
+            example = sparse_boundary.pooled_example(boundary, kjt, context)
+        if example is None:
+            return None
+        pooled = example[0]
+        dense_inputs = (*inputs[: boundary.index], pooled, *inputs[boundary.index + 1 :])
     with boundary.stubbed(stub):
         inner, report = capture_and_optimize(dense, dense_inputs, cfg, fallback=False)
     if inner is None:
@@ -226,6 +260,16 @@ def _capture_around_lookup(
 
     def recapture(source: nn.Module, args: tuple[Any, ...]) -> Any:
         start = time.perf_counter()
+        with torch.inference_mode(False), torch.enable_grad():
+            again_context = _lookup_context(dense, stub, args)
+        if again_context != context:
+            # the lookup's contexts differ for this call (a block that depends on the train/eval
+            # mode or an input): the collection already ran under the first ones
+            raise RuntimeError(
+                "optimus: the contexts around the EmbeddingBagCollection lookup differ for this call "
+                f"({again_context}) from those it was captured with ({context}); call "
+                "optimus.optimize again for this mode"
+            )
         with boundary.stubbed(stub), torch.inference_mode(False), torch.enable_grad():
             again, again_report = capture_and_optimize(source, args, cfg, fallback=False)
         if again is None:  # export failed for this call: the model itself, eagerly
@@ -244,7 +288,7 @@ def _capture_around_lookup(
     names = list(forward_names(module)) or [f"arg{i}" for i in range(len(inputs))]
     if len(names) != len(inputs):
         names = [f"arg{i}" for i in range(len(inputs))]
-    outer = sparse_boundary.outer_graph_module(boundary, inner, names)
+    outer = sparse_boundary.outer_graph_module(boundary, inner, names, context)
     setattr(outer, OWNED_FLAG, getattr(inner, OWNED_FLAG, False))
     return outer, report
 

@@ -52,6 +52,7 @@ class RewriteContext:
         self.declines: dict[str, int] = {}  # reason -> count: rewrites refused for safety
         self._live: LiveEstimate | None = None
         self._grad_reaching: set[fx.Node] | None = None
+        self._grad_cut: set[fx.Node] = set()  # values this round's rewrites left no gradient path
 
     @property
     def live(self) -> LiveEstimate:
@@ -254,8 +255,10 @@ class RewriteContext:
                 (self._label(u) for u in old.users), default=math.inf
             ):
                 return None
-        if not self._stays_in_region(cand, replacements, created) or not self._keeps_requires_grad(
-            cand, replacements, created
+        if (
+            not self._stays_in_region(cand, replacements, created)
+            or not self._keeps_requires_grad(cand, replacements, created)
+            or not self._keeps_gradient_paths(cand, replacements, created)
         ):
             return None
         rewired: list[tuple[fx.Node, fx.Node, fx.Node]] = []
@@ -313,6 +316,100 @@ class RewriteContext:
                 return False
         return True
 
+    def _keeps_gradient_paths(
+        self, cand: Candidate, replacements: Sequence[fx.Node], created: set[fx.Node]
+    ) -> bool:
+        """No value that may require grad loses its last gradient path to the output.
+
+        WHY: a rewrite keeps values, so the gradient it removes is always zero, but a zero
+        gradient is not None. ``cat(a, b)[:, :D] -> a`` leaves ``b`` unused: in eager the
+        parameters behind ``b`` receive zeros from the cat's backward, after the rewrite they
+        keep ``.grad`` None, and optimizers skip None (AdamW's weight decay and momentum would
+        stop moving them). Any rule can do this (every rewire goes through here; DCE and CSE
+        only drop unused values or merge equal ones, which cuts no path). We walk back from the
+        replaced nodes through every value whose last gradient-carrying reader goes away; a
+        parameter, a float graph input or a requires-grad value so reached is declined. A value
+        that still has another reader a gradient reaches, or that no gradient reached before
+        (read under ``no_grad``, a buffer, an integer), does not stop the rewrite."""
+        moved = {old for old, new in zip(cand.nodes, replacements, strict=False) if new is not old}
+        if not moved:
+            return True
+        takers = {new for old, new in zip(cand.nodes, replacements, strict=False) if new is not old}
+        # a rewrite reading re-laid-out storage (``RelayoutParams``) reads its members' parameters
+        # through it: the originals are views whose gradients the layout fills
+        # (a chain on trial reads them through stand-ins: it is applied again with the real layout)
+        layout_reads = getattr(self.layout, "stands_in", False) or any(n.op == "get_attr" for n in created)
+        reaching, regions = self.grad_reaching, self.index.regions
+        indexed = regions.indexed
+
+        def carries(user: fx.Node) -> bool:
+            """Did a gradient flow from ``user`` to its inputs (before this rewrite)?"""
+            if user.op == "output" or mutated_args(user, self._canon.get(user)):
+                return True
+            if user not in indexed:  # made this round: no recorded flag, assume it does
+                return True
+            return (
+                user in reaching
+                and output_requires_grad(user) is not False
+                and not regions.grad_disabled(user)
+            )
+
+        cut: set[fx.Node] = set()
+        stack = [old for old in moved if not any(u in created for u in old.users) and carries(old)]
+        while stack:
+            node = stack.pop()
+            if node in cut:
+                continue
+            cut.add(node)
+            module = self.modules.get(str(node.target)) if node.op == "call_module" else None
+            if module is not None and any(p.requires_grad for p in module.parameters()):
+                self.decline(
+                    f"{cand.rule}: would cut the parameters of {node.target!s} off from the gradient "
+                    "(eager gives them zero gradients, the rewrite None)"
+                )
+                return False
+            for inp in node.all_input_nodes:
+                if inp in cut or inp in created or inp in takers:
+                    continue  # a replacement takes over the replaced node's readers
+                if any(
+                    u not in cut and u not in self._grad_cut and u not in moved and carries(u)
+                    for u in inp.users
+                ):
+                    continue  # still read on a gradient path
+                if inp.op == "get_attr" and (layout_reads or self._attr_still_read(inp, cut, moved)):
+                    continue  # read elsewhere, or through the layout's stacked storage
+                if self._may_want_grad(inp):
+                    if inp.op in ("placeholder", "get_attr"):
+                        self.decline(
+                            f"{cand.rule}: would cut {inp.op} {inp.target!s} off from the gradient "
+                            "(eager gives it a zero gradient, the rewrite None)"
+                        )
+                        return False
+                    stack.append(inp)
+        self._grad_cut |= cut
+        return True
+
+    def _attr_still_read(self, node: fx.Node, cut: set[fx.Node], moved: set[fx.Node]) -> bool:
+        """Another ``get_attr`` of the same parameter still has a reader (a traced graph reads a
+        shared weight once per call; the rewrite may keep one of the reads)."""
+        for other in self.graph.find_nodes(op="get_attr", target=node.target):
+            if other is not node and any(
+                u not in cut and u not in self._grad_cut and u not in moved for u in other.users
+            ):
+                return True
+        return False
+
+    def _may_want_grad(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value may require grad: a parameter, a floating-point graph input
+        (the caller may pass one that requires grad), or a value recorded as requiring it."""
+        if node.op == "get_attr":
+            value = _fetch(self.gm, str(node.target))
+            return isinstance(value, torch.Tensor) and value.requires_grad
+        if node.op == "placeholder":
+            meta = self.meta(node)
+            return meta is None or meta.dtype.is_floating_point or meta.dtype.is_complex
+        return output_requires_grad(node) is not False and not self.index.regions.grad_disabled(node)
+
     def undo(self, applied: Applied) -> None:
         for user, old, new in reversed(applied.rewired):
             user.replace_input_with(new, old)
@@ -340,3 +437,12 @@ class RewriteContext:
             except Exception:
                 continue
             stack.extend(i for i in inputs if i.op not in ("placeholder", "get_attr"))
+
+
+def _fetch(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value

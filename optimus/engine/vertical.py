@@ -167,6 +167,8 @@ class ProbeLayout:
     probe graph is only estimated, never run: a chain that passes is undone and applied again with
     the real layout."""
 
+    stands_in = True  # reads one parameter for a group (the gradient-path check knows it)
+
     def __init__(self, real: Any) -> None:
         self.real = real
         self.fallback = RuntimeStack()

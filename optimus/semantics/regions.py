@@ -44,6 +44,7 @@ _KNOWN: dict[Any, str] = {
 # names of calls that enter, leave or set some mode (unknown ones are boundaries too)
 _CONTEXT_NAME = re.compile(
     r"^_?(enter|exit|set|push|pop)_|_(enter|exit)(_new)?$|(increment|decrement)_nesting|_record_function_"
+    r"|^_sdpa_kernel|^_saved_tensors_hooks_(disable|enable)$"
 )
 
 

@@ -62,6 +62,7 @@ class Observation:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     grad_mode_after: bool = True  # torch.is_grad_enabled() right after the call (restored then)
+    trained: dict[str, torch.Tensor] = field(default_factory=dict)  # parameters after the steps
 
 
 @dataclass
@@ -113,11 +114,47 @@ def _meta(t: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def _loss(outs: Sequence[torch.Tensor], seed: int) -> Any:
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss: Any = 0.0
+    for o in outs:
+        w = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+        if o.requires_grad:
+            loss = loss + (o.double() * w).sum()
+    return loss
+
+
+def _train(
+    fn: Callable[..., Any], module: nn.Module, inputs: Sequence[torch.Tensor], seed: int, steps: int
+) -> dict[str, torch.Tensor]:
+    """``steps`` AdamW steps (weight decay), then ``steps`` SGD steps with momentum, the first
+    on the gradients already there; the parameters after them.
+
+    WHY: a parameter eager gives a zero gradient moves under weight decay and momentum, one left
+    ``None`` does not: one step's gradients cannot show it, the parameters after a few steps do."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    adamw = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    sgd = torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=0.01)
+    for step in range(2 * steps):
+        if step:
+            for p in params:
+                p.grad = None
+            torch.manual_seed(seed + step)
+            out = fn(*[t.detach().clone().requires_grad_(t.requires_grad) for t in inputs])
+            loss = _loss(list(out) if isinstance(out, (tuple, list)) else [out], seed + step)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+        (adamw if step < steps else sgd).step()
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
 def observe(
-    fn: Callable[..., Any], module: nn.Module, inputs: Sequence[torch.Tensor], seed: int
+    fn: Callable[..., Any], module: nn.Module, inputs: Sequence[torch.Tensor], seed: int, steps: int = 0
 ) -> Observation:
-    """Call ``fn(*inputs)`` from RNG ``seed``, then ``backward()`` a fixed weighting of its outputs."""
+    """Call ``fn(*inputs)`` from RNG ``seed``, then ``backward()`` a fixed weighting of its outputs
+    (and with ``steps``, train a few optimizer steps: :func:`_train`)."""
     obs = Observation()
+    fresh = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     torch.manual_seed(seed)
     grad_mode = torch.is_grad_enabled()
     try:
@@ -151,6 +188,11 @@ def observe(
     for k, t in enumerate(inputs):
         if t.requires_grad:
             obs.grads[f"in{k}"] = None if t.grad is None else t.grad.detach().clone()
+    if steps:
+        try:
+            obs.trained = _train(fn, module, fresh, seed, steps)
+        except Exception as exc:
+            obs.error = f"train: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return obs
 
 
@@ -240,6 +282,11 @@ def compare(ref: Observation, new: Observation, path: str, low_precision: bool) 
             err = _close(ga, gb, low_precision)
             if err:
                 bad("grads", f"{name}.grad: {err}")
+    for name, pa in ref.trained.items() if new.error is None else ():
+        pb = new.trained.get(name)
+        err = "missing" if pb is None else _close(pa, pb, low_precision)
+        if err:
+            bad("trained", f"{name} after the optimizer steps: {err}")
     return out
 
 
@@ -383,7 +430,7 @@ def half_dtype(spec: Spec, float16: bool) -> torch.dtype:
 
 def reference(spec: Spec, dtype: torch.dtype, seed: int = 0) -> Observation:
     module = build(spec, dtype, seed)
-    return observe(module, module, make_inputs(spec, dtype, seed), seed)
+    return observe(module, module, make_inputs(spec, dtype, seed), seed, spec.train_steps)
 
 
 def run_path(
@@ -416,7 +463,7 @@ def run_path(
         if not torch.equal(value, after[name]):
             mismatches.append(Mismatch(path, "optimize_state", f"optimize() changed {name}"))
     _restore(module, before)  # so the checks below see what the call itself does
-    new = observe(fn, module, make_inputs(spec, dtype, seed), seed)
+    new = observe(fn, module, make_inputs(spec, dtype, seed), seed, spec.train_steps)
     mismatches += compare(ref, new, path, low_precision(spec, dtype))
     fired: dict[str, int] = {}
     for report in reports if isinstance(reports, list) else [reports]:

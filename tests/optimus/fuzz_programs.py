@@ -138,6 +138,8 @@ MATMUL_FORMS = {
     "matmul": "torch.matmul({s}, self.m{i})",
     "tensordot": "torch.tensordot({s}, self.m{i}, dims=([-1], [0]))",
 }
+LOOKUP_MODES = ("no_grad", "inference_mode", "autocast")  # Spec.lookup_mode, drawn last
+SLICES = ("head", "tail")  # Spec.sliced, drawn last
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
 # A region around a whole MMoE block: no_grad half the time (the multiply-sum pooling is batched
 # only without a gradient).
@@ -197,6 +199,13 @@ class Spec:
     hidden: int = 4
     train: bool = True
     shared_blocks: bool = True
+    # the lookup layer's context (LOOKUP_MODES), set over the members' own regions
+    lookup_mode: str = ""
+    # "head"/"tail": the over-arch input ``tw`` and the lookup layer's cat ``lk`` are read only as
+    # the slice of their first/last piece (DeepCTR's ``cat(lookups)[:, :D]``): the other pieces'
+    # parameters get zero gradients in eager, which the optimizer steps below must see
+    sliced: str = ""
+    train_steps: int = 0  # AdamW steps, then as many SGD-with-momentum steps (fuzz_checks.observe)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -482,6 +491,22 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
             for m in spec.members
         )
         spec = replace(spec, members=two)
+    # Drawn last, so that each seed's program above is what it was before: the lookup layer under
+    # one context (frozen or inference-only tables, low-precision lookups) in one program in two
+    # that has one, a slice of one piece of each concatenation in one in two that has one; either
+    # makes the checks train the model a few steps and compare the parameters
+    lookups = [m for m in spec.members if m.kind == "feature_lookup"]
+    if lookups and c.integer(0, 1):
+        mode = c.choice(LOOKUP_MODES)
+        if mode == "inference_mode" and any(m.consumer in INPLACE or m.keep for m in lookups):
+            mode = "no_grad"  # an in-place write to an inference tensor outside it raises in eager
+        members = [replace(m, region=mode) if m.kind == "feature_lookup" else m for m in spec.members]
+        spec = replace(spec, members=tuple(members), lookup_mode=mode)
+    joins = [m for m in spec.members if m.joined and (_joins_towers(m) or m.kind == "feature_lookup")]
+    if len(joins) > 1 and c.integer(0, 1):
+        spec = replace(spec, sliced=c.choice(SLICES))
+    if spec.sliced or spec.lookup_mode:
+        spec = replace(spec, train_steps=2)
     return spec
 
 
@@ -533,6 +558,12 @@ def features(spec: Spec) -> set[str]:
                 out.add(f"{kind}:reversed")
     if len({m.shared for m in spec.members if m.kind == "feature_lookup"}) > 1:
         out.add("feature_lookup:two_sources")
+    if spec.lookup_mode:
+        out.add(f"lookup_mode:{spec.lookup_mode}")
+    if spec.sliced:
+        out.add(f"sliced:{spec.sliced}")
+    if spec.train_steps:
+        out.add("trained")
     return out
 
 
@@ -733,6 +764,7 @@ _REGION_HEAD = {
     "no_grad": ["with torch.no_grad():"],
     "enable_grad": ["with torch.no_grad():", "    with torch.enable_grad():"],
     "autocast": ['with torch.autocast("cpu", dtype=torch.bfloat16):'],
+    "inference_mode": ["with torch.inference_mode():"],
 }
 
 
@@ -780,16 +812,30 @@ def forward_source(spec: Spec) -> str:
         f"e{j}" for j, m in enumerate(members) if m.joined and m.kind == "feature_lookup" and not m.consumer
     ]
     if len(joined) > 1:  # DeepCTR: torch.cat(sparse_embedding_list, dim=-1), then flattened
-        body.append(f"lk = torch.flatten(torch.cat([{', '.join(joined)}], -1), 1)")
+        cut = _slice_of(spec.sliced, joined, ":, :", spec.hidden)
+        if cut:  # the pieces are read only through the slice
+            outs = [o for o in outs if o not in {"o" + e[1:] for e in joined}]
+        body.append(f"lk = torch.flatten(torch.cat([{', '.join(joined)}], -1){cut}, 1)")
         outs.append("lk")
     towers = [f"o{j}" for j, m in enumerate(members) if m.joined and _joins_towers(m)]
     if towers:  # the over-arch input: the towers' results side by side, each returned only there
         outs = [o for o in outs if o not in towers]
-        body.append(f"tw = torch.cat([{', '.join(towers)}], 1)")
+        cut = _slice_of(spec.sliced, towers, ":", spec.hidden) if len(towers) > 1 else ""
+        body.append(f"tw = torch.cat([{', '.join(towers)}], 1){cut}")
         outs.append("tw")
     outs = outs or ["h"]  # every program returns something
     body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return "\n".join(body)
+
+
+def _slice_of(sliced: str, pieces: list[str], lead: str, width: int) -> str:
+    """The subscript reading only the first ("head") or last ("tail") piece of a concatenation of
+    pieces ``width`` wide along its last dim (``lead``: what comes before that dim)."""
+    if sliced == "head":
+        return f"[{lead}, :{width}]"
+    if sliced == "tail":
+        return f"[{lead}, {width * (len(pieces) - 1)}:]"
+    return ""
 
 
 def init_source(spec: Spec) -> str:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, half_dtype, shrink
-from fuzz_programs import Spec, forward_source, random_spec
+from fuzz_programs import Spec, features, forward_source, random_spec
 
 DTYPES = {
     "float32": torch.float32,
@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="mixed", choices=["mixed", "half", *DTYPES])
     parser.add_argument("--shrink", type=int, default=2, help="failures shrunk per check; 0: none")
     parser.add_argument("--show", type=int, default=40, help="distinct failures printed")
+    parser.add_argument(
+        "--features",
+        default="",
+        help="comma list of construct prefixes (fuzz_programs.features, e.g. sliced,lookup_mode): "
+        "run only the seeds whose program has one; --examples counts those",
+    )
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in PATHS]
@@ -69,8 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     invalid: list[str] = []  # "seed/path: eager's error", printed so the generator bug can be found
     start = time.perf_counter()
-    for k in range(args.start, args.start + args.examples):
+    wanted = [f for f in args.features.split(",") if f]
+    k, done, skipped = args.start - 1, 0, 0
+    while done < args.examples:
+        k += 1
         spec = random_spec(k)
+        if wanted and not any(f.startswith(w) for f in features(spec) for w in wanted):
+            skipped += 1
+            continue
         dtype = dtype_of(k, args.dtype, spec)
         results = check(spec, paths, dtype)
         bad = False
@@ -94,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     classes[key].append(forward_source(small))
                 classes[key].append(f"{k}/{path}/{str(dtype).replace('torch.', '')}")
         failures += bad
-        done = k - args.start + 1
+        done += 1
         if done % 25 == 0:
             print(
                 f"... {done} examples, {failures} failures, {time.perf_counter() - start:.0f} s", flush=True
@@ -117,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(invalid)} invalid programs (eager raised): a generator bug")
         for line in invalid[: args.show]:
             print(f"  {line}")
+    if wanted:
+        print(f"\nseeds {args.start}..{k}: {skipped} without {','.join(wanted)} skipped")
     print(f"\nfuzz: {n} examples, {failures} failures")
     return 1 if failures or invalid else 0
 
