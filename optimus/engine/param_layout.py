@@ -4,8 +4,9 @@ WHY: a batched matmul wants its G weights as one contiguous [G, K, N] tensor. Th
 :class:`RuntimeStack`, builds it in the graph every forward (``torch.stack`` of the module's own
 parameters, so gradients land on them), which costs 2x the weight bytes per call. A later layout can
 re-lay parameters out once (stacked storage, originals as views, ``state_dict`` compatible) and
-return a ``get_attr`` of the stacked tensor instead, at zero runtime cost; rules and the cost model
-only talk to this interface.
+return a ``get_attr`` of the stacked tensor instead (or a transposed view of it, so that each
+parameter keeps eager's strides), at zero runtime cost; rules and the cost model only talk to this
+interface.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 
 class ParamLayout(Protocol):
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
-        """A [G, *param.shape] (or [G, cols, rows] when ``transpose``) contiguous tensor."""
+        """A [G, *param.shape] (or [G, cols, rows] when ``transpose``) tensor: contiguous, or a
+        transposed view of contiguous storage (what a layout that keeps each parameter's own
+        strides gives; ``bmm``/``baddbmm`` read it without a copy). Rules only view or
+        matmul it."""
         ...
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:

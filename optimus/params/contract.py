@@ -23,7 +23,8 @@ test machine), and the stacked parameter requires grad exactly when some member 
 * ``requires_grad`` changed: the stacked parameter requires grad when any member does (the hooks
   leave frozen members' ``.grad`` alone);
 * members that can no longer share one storage (different dtypes, devices or shapes, a parameter
-  deleted): a ``RuntimeError`` that says which, at that call.
+  deleted) or not keep their strides in it (a non-contiguous tensor loaded or set): a
+  ``RuntimeError`` that says which, at that call.
 
 Under ``torch.compile`` of the optimized module the pre-hook is traced away (Dynamo cannot run
 it per call). What still keeps the contract there: ``load_state_dict`` of the optimized module
@@ -51,6 +52,7 @@ from optimus.params.group import (
     STACKED_GROUP_ATTR,
     _Group,
     _Kind,
+    keeps_strides,
     make_stacked,
     new_group,
     still_views,
@@ -226,6 +228,11 @@ def _check_compatible(b: _Binding, members: list[Any]) -> None:
             problem = f"has shape {tuple(p.shape)}, was {tuple(shape)}"
         elif p.dtype != first.dtype or p.device != first.device:
             problem = f"is {p.dtype} on {p.device}, {b.targets[0]} is {first.dtype} on {first.device}"
+        elif not keeps_strides(p):
+            problem = (
+                f"has strides {tuple(p.stride())}, not a contiguous tensor's (a view of the stacked "
+                "storage would change them)"
+            )
         if problem is not None:
             raise RuntimeError(
                 f"optimus re-layout: fused parameter {target} {problem}, so the group can no longer "

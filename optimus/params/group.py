@@ -48,10 +48,16 @@ STACKED_GROUP_ATTR = "_optimus_group"  # on a stacked parameter: its _Group (kee
 
 @dataclass(frozen=True)
 class _Kind:
-    """How a group is laid out: stacked along a new dim 0 (optionally each transposed), or cat."""
+    """How a group is laid out: stacked along a new dim 0, or concatenated along dim 0.
+
+    Never transposed: each member is a contiguous block of the storage, so its strides are the
+    ones a parameter of its shape has in eager (``eager_strides``). PyTorch's parameter contract
+    includes the layout: ``parameters_to_vector``, ``p.view(-1)``, EMA and flat-buffer optimizers
+    need each parameter contiguous. A fused op that wants the members transposed
+    (``baddbmm``'s ``[G, K, N]`` weights) reads a transposed view of the storage instead, which
+    the batched GEMM takes without a copy."""
 
     op: str  # "stack" | "cat"
-    transpose: bool = False
 
 
 @dataclass(eq=False)
@@ -148,9 +154,24 @@ def _standalone_grad(p: nn.Parameter) -> None:
 def view_fn(kind: _Kind, sizes: Sequence[int]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     if kind.op == "cat":
         return lambda t: list(torch.split(t, list(sizes), 0))
-    if kind.transpose:
-        return lambda t: list(t.transpose(1, 2).unbind(0))  # one transpose, not G (the backward's hot path)
     return lambda t: list(t.unbind(0))
+
+
+def eager_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides a contiguous tensor of ``shape`` has (``torch.empty(shape).stride()``): those of
+    an ordinary parameter, and of every member view of a group's storage (a block of a contiguous
+    stack or concatenation along dim 0)."""
+    out: list[int] = []
+    acc = 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= max(int(size), 1)
+    return tuple(reversed(out))
+
+
+def keeps_strides(p: torch.Tensor) -> bool:
+    """Whether ``p`` laid out in a group keeps its strides: it has a contiguous tensor's."""
+    return p.stride() == eager_strides(p.shape)
 
 
 def make_stacked(members: Sequence[torch.Tensor], kind: _Kind) -> torch.Tensor:
@@ -159,8 +180,6 @@ def make_stacked(members: Sequence[torch.Tensor], kind: _Kind) -> torch.Tensor:
     with torch.inference_mode(False), torch.no_grad():
         if kind.op == "cat":
             return torch.cat([p.detach() for p in members], 0).contiguous()
-        if kind.transpose:
-            return torch.stack([p.detach().t() for p in members]).contiguous()
         return torch.stack([p.detach() for p in members]).contiguous()
 
 

@@ -3,9 +3,16 @@
 WHY: :class:`~optimus.engine.param_layout.RuntimeStack` copies every fused weight into a stacked tensor on each
 forward (and scatters the gradient back on each backward). Here the copy is made once, when
 ``optimize()`` fuses: the G parameters are stored in ONE contiguous ``nn.Parameter`` laid out the way
-the batched op wants it (``[G, K, N]`` for ``baddbmm``), and the graph reads it with a ``get_attr``.
+the batched op wants it, and the graph reads it with a ``get_attr``.
 The user's original ``nn.Parameter`` objects are kept (same Python objects) but their ``.data`` is
 re-pointed to views into that storage, so:
+
+* each parameter keeps its eager strides: the storage is the members stacked (or concatenated)
+  as they are, each member a contiguous block, so ``parameters_to_vector``, ``p.view(-1)``, EMA
+  and flat-buffer optimizers work as on the unfused model. Linear weights are stored
+  ``[G, N, K]`` and ``baddbmm`` reads the ``[G, K, N]`` operand it wants as a transposed view of
+  it (no copy: BLAS takes a transposed operand), not a ``[G, K, N]`` storage whose members would
+  be transposed views with strides ``(1, N)``;
 
 * ``module.state_dict()`` / ``load_state_dict`` / checkpoints keep their keys and shapes (loading
   writes through the views into the stacked storage); the output GraphModule's ``state_dict`` hides
@@ -29,7 +36,8 @@ GraphModule that ``optimize()`` owns (the torch.compile backend and Inductor's p
 parameters as graph inputs or as another module's attributes: re-pointing them there is not safe);
 ``verify=True``; a parameter repeats, is not a leaf ``nn.Parameter``, or already lives in another
 re-laid-out group in a different order; the parameters differ in dtype, device, shape or
-``requires_grad``; a new group of fewer than ``MIN_TRAINABLE_MEMBERS`` parameters that require
+``requires_grad``; a parameter is not contiguous (a view into the storage would change its
+strides: ``report.declined_reasons`` counts it under ``STRIDES_REASON``); a new group of fewer than ``MIN_TRAINABLE_MEMBERS`` parameters that require
 grad (the backward's gradient hand-off costs more than it saves).
 
 Why opt-in, not the default: ``torch.autograd.grad(loss, model.parameters())`` (and torch.func
@@ -52,7 +60,15 @@ from torch import fx, nn
 from optimus.engine.builder import free_attr_name
 from optimus.engine.param_layout import RuntimeStack
 from optimus.params import contract as relayout_contract
-from optimus.params.group import GROUP_ATTR, STACKED_GROUP_ATTR, _Group, _Kind, new_group, still_views
+from optimus.params.group import (
+    GROUP_ATTR,
+    STACKED_GROUP_ATTR,
+    _Group,
+    _Kind,
+    keeps_strides,
+    new_group,
+    still_views,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +83,7 @@ __all__ = [
     "OWNED_FLAG",
     "PREFIX",
     "STACKED_GROUP_ATTR",
+    "STRIDES_REASON",
     "RelayoutParams",
     "retained_gradient_buffers",
 ]
@@ -80,6 +97,13 @@ REUSE_MAX_MEMBER_BYTES = 8192
 # fused vs separate): G = 2 0.76x, G = 3 1.02x, G = 4 1.24x, G = 8 1.76x. Smaller trainable groups
 # fall back to the per-call stack, which the cost model prices (and declines where it does not pay).
 MIN_TRAINABLE_MEMBERS = 3
+# report.declined_reasons key of a group left to the per-call stack because a member is not
+# contiguous: a view into the stacked storage would change its strides
+STRIDES_REASON = (
+    "relayout: a parameter is not contiguous, a view of the stacked storage would change its strides"
+)
+_STACK = _Kind("stack")
+_CAT = _Kind("cat")
 
 
 def _hide_from_state_dict(gm: fx.GraphModule) -> None:
@@ -115,8 +139,12 @@ class RelayoutParams:
         return entry if isinstance(entry, tuple) else None
 
     # -- can we? ---------------------------------------------------------------------------------
-    def _members(self, params: Sequence[fx.Node], kind: _Kind) -> list[nn.Parameter] | None:
-        """The parameters behind ``params`` if they can be (or already are) laid out as ``kind``."""
+    def _members(
+        self, params: Sequence[fx.Node], kind: _Kind, two_d: bool = False, ctx: RewriteContext | None = None
+    ) -> list[nn.Parameter] | None:
+        """The parameters behind ``params`` if they can be (or already are) laid out as ``kind``
+        (2-D ones when ``two_d``: the graph reads them transposed). ``ctx`` counts a refusal for
+        the members' strides in ``report.declined_reasons``."""
         if len(params) < 2 or any(p.op != "get_attr" for p in params):
             return None
         gm = params[0].graph.owning_module
@@ -143,10 +171,14 @@ class RelayoutParams:
                 return None
             if kind.op == "cat" and (p.dim() < 1 or p.shape[1:] != first.shape[1:]):
                 return None
-            if kind.op == "stack" and kind.transpose and p.dim() != 2:
+            if two_d and p.dim() != 2:
                 return None
         placed = [self._group_of(p) for p in found]
         if any(entry is not None for entry in placed) and not self._same_group(found, placed, kind):
+            return None
+        if not all(map(keeps_strides, found)):
+            if ctx is not None:
+                ctx.decline(STRIDES_REASON)
             return None
         return found
 
@@ -159,11 +191,24 @@ class RelayoutParams:
             still_views(group)
         )
 
+    def _stack_of(
+        self, params: Sequence[fx.Node], transpose: bool, ctx: RewriteContext | None = None
+    ) -> tuple[Sequence[fx.Node], bool] | None:
+        """``(parameters, transposed)``: ``stack(params)`` (each transposed when ``transpose``) is
+        the plain stack of ``parameters`` (one group's storage), transposed in its last two dims
+        when ``transposed``; None when the parameters cannot be laid out."""
+        if self._members(params, _STACK, transpose, ctx) is not None:
+            return params, transpose
+        base = _transposed_params(params)  # stack of W_i.t() = W_i stacked, read the other way
+        if base is not None and self._members(base, _STACK, not transpose, ctx) is not None:
+            return base, not transpose
+        return None
+
     # -- ParamLayout ---------------------------------------------------------------------------
-    def _get(self, params: Sequence[fx.Node], b: Builder, kind: _Kind) -> fx.Node | None:
+    def _get(self, params: Sequence[fx.Node], b: Builder, kind: _Kind) -> fx.Node:
+        """A ``get_attr`` of the storage of ``params`` (laid out now if they are not yet)."""
         members = self._members(params, kind)
-        if members is None:
-            return None
+        assert members is not None
         gm = b.ctx.gm
         entry = self._group_of(members[0])
         group = entry[0] if entry is not None else new_group(members, kind, REUSE_MAX_MEMBER_BYTES)
@@ -177,36 +222,34 @@ class RelayoutParams:
             return b._add(b.graph.get_attr(name))
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
-        node = self._get(params, b, _Kind("stack", transpose))
-        base = _transposed_params(params)
-        if node is None and base is not None:  # stack of W_i.t() = W_i laid out the other way
-            node = self._get(base, b, _Kind("stack", not transpose))
-        return node if node is not None else self.fallback.stacked(params, b, transpose)
+        found = self._stack_of(params, transpose, b.ctx)
+        if found is None:
+            return self.fallback.stacked(params, b, transpose)
+        base, transposed = found
+        node = self._get(base, b, _STACK)
+        # [G, N, K] storage read as [G, K, N]: a view, which baddbmm/bmm take without a copy
+        return b.method("transpose", node, 1, 2) if transposed else node
 
     def concatenated(self, params: Sequence[fx.Node], b: Builder) -> fx.Node:
-        node = self._get(params, b, _Kind("cat"))
-        return node if node is not None else self.fallback.concatenated(params, b)
+        if self._members(params, _CAT, ctx=b.ctx) is None:
+            return self.fallback.concatenated(params, b)
+        return self._get(params, b, _CAT)
 
     def concatenation_is_free(self, weights: Sequence[fx.Node]) -> bool:
         """Whether ``concatenated`` of these weights (and so of their biases, which follow them
         into a group the same way) is a ``get_attr`` (asked by merge_shared_linear's cost)."""
-        return self._members(weights, _Kind("cat")) is not None
+        return self._members(weights, _CAT) is not None
 
     def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
-        if self._members(params, _Kind("stack", transpose)) is not None:
-            return 0.0  # a get_attr: nothing runs
-        base = _transposed_params(params)
-        if base is not None and self._members(base, _Kind("stack", not transpose)) is not None:
-            return 0.0
+        found = self._stack_of(params, transpose)
+        if found is not None:
+            return 0.1 if found[1] else 0.0  # a get_attr, and a transposed view of it
         return self.fallback.launches(params, transpose)
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
         # the transposed and plain layouts accept the same parameters (2-D weights checked in
         # launches, which batch_linear always asks with transpose=True)
-        if self._members(params, _Kind("stack")) is not None:
-            return 0.0
-        base = _transposed_params(params)
-        if base is not None and self._members(base, _Kind("stack")) is not None:
+        if self._stack_of(params, False) is not None:
             return 0.0
         return self.fallback.bytes_moved(params, ctx)
 

@@ -10,6 +10,9 @@ WHAT is compared (eager vs optimized, on identical copies of module, inputs and 
   statistics, ``num_batches_tracked``);
 - after ``backward()`` of a fixed random weighting of the outputs: which parameters (and ``x``)
   have a ``.grad``, and its value;
+- the layout of every parameter (``stride()`` and ``is_contiguous()``, exactly) and of its
+  ``.grad`` (strides of dims longer than 1): code that flattens parameters
+  (``parameters_to_vector``, ``p.view(-1)``, flat-buffer optimizers) needs eager's;
 - that the Optimus call itself (``optimize()``) left the example inputs, the module's parameters
   and buffers, and the RNG state as it found them;
 - that the optimized call raises exactly when eager raises (eager raising is a generator bug), and
@@ -18,9 +21,13 @@ WHAT is compared (eager vs optimized, on identical copies of module, inputs and 
 
 PATHS (see :data:`PATHS`): ``optimize`` with the default config (``default``), with a launch-bound
 cost model so every rule that can fire does (``optimize``), the same with
-``layout=RelayoutParams()`` (``relayout``), and ``torch.compile(backend=optimus.backend(inner="eager"))``
+``layout=RelayoutParams()`` (``relayout``), ``torch.compile(backend=optimus.backend(inner="eager"))``
 (``backend``; "eager" also runs checkpointed blocks as eager does, which Dynamo's own eager
-backend does not: see ``optimus.capture.checkpoint_rng``). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
+backend does not: see ``optimus.capture.checkpoint_rng``), and ``flatten``: ``relayout`` run the
+way training code treats parameters between steps (:func:`flatten_params` before each call:
+``parameters_to_vector``, ``p.view(-1)``, an EMA with ``torch._foreach_mul_``/``_foreach_lerp_``,
+the vector written back with ``vector_to_parameters``; each keeps the values, so eager's
+observation is the reference). WHY an eager inner compiler: it hands Optimus the same Dynamo graph Inductor would
 get and runs the rewritten graph as it is, so a difference is Optimus's rewrite and not Inductor's
 codegen, and an example costs tens of milliseconds instead of an Inductor C++ compile (seconds).
 ``inductor`` (the real ``backend="optimus"`` with Inductor, ``fallback_random`` so random draws
@@ -44,6 +51,7 @@ import torch
 from fuzz_programs import Spec, build, features, legalize, make_inputs
 from optimus_helpers import LAUNCH_BOUND
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import optimus
 from optimus.params.relayout import RelayoutParams
@@ -61,6 +69,8 @@ class Observation:
     inputs: list[torch.Tensor] = field(default_factory=list)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    # name -> (stride, is_contiguous) of each parameter, and its .grad's (None: no grad), after backward
+    param_layouts: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     grad_mode_after: bool = True  # torch.is_grad_enabled() right after the call (restored then)
     trained: dict[str, torch.Tensor] = field(default_factory=dict)  # parameters after the steps
 
@@ -148,6 +158,15 @@ def _train(
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
+def _layout(p: torch.Tensor) -> tuple[Any, ...]:
+    """A parameter's layout: its strides exactly (``p.view(-1)`` and ``parameters_to_vector``
+    need them), its gradient's where a dim is longer than 1 (``AccumulateGrad`` itself keeps a
+    gradient's strides only there, so eager's size-1 strides are not a contract)."""
+    g = p.grad
+    grad = None if g is None else (_meta(g)["stride"], g.is_contiguous())
+    return tuple(p.stride()), p.is_contiguous(), grad
+
+
 def observe(
     fn: Callable[..., Any], module: nn.Module, inputs: Sequence[torch.Tensor], seed: int, steps: int = 0
 ) -> Observation:
@@ -185,6 +204,7 @@ def observe(
         obs.error = f"backward: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return obs
     obs.grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in module.named_parameters()}
+    obs.param_layouts = {n: _layout(p) for n, p in module.named_parameters()}
     for k, t in enumerate(inputs):
         if t.requires_grad:
             obs.grads[f"in{k}"] = None if t.grad is None else t.grad.detach().clone()
@@ -287,6 +307,10 @@ def compare(ref: Observation, new: Observation, path: str, low_precision: bool) 
         err = "missing" if pb is None else _close(pa, pb, low_precision)
         if err:
             bad("trained", f"{name} after the optimizer steps: {err}")
+    for name, la in ref.param_layouts.items() if new.error is None else ():
+        lb = new.param_layouts.get(name)
+        if la != lb:
+            bad("param_layout", f"{name} (stride, contiguous, grad's): {la} in eager, {lb} optimized")
     return out
 
 
@@ -357,6 +381,38 @@ def _changed_path(module: nn.Module, example: Sequence[torch.Tensor], rules: Any
     return gm, report
 
 
+def flatten_params(module: nn.Module) -> None:
+    """What training code does with the parameters between steps, each of which needs every
+    parameter laid out as in eager (``view(-1)`` raises on a transposed one): the flat vector
+    (``parameters_to_vector``), flat views, an EMA of the weights updated with ``torch._foreach``
+    ops, model averaging written back into the parameters with ``_foreach_lerp_``, and the vector
+    written back with ``vector_to_parameters`` (each parameter's ``.data`` replaced: a re-laid-out
+    model lays them out again at its next call). Every step keeps the values exactly (a lerp
+    between equal tensors), so the eager observation stays the reference."""
+    params = list(module.parameters())
+    if not params:
+        return
+    with torch.no_grad():
+        vec = parameters_to_vector(params)
+        views = [p.view(-1) for p in params]
+        ema = [v.clone() for v in views]
+        torch._foreach_mul_(ema, 1.0)
+        torch._foreach_lerp_(ema, views, 0.5)
+        torch._foreach_lerp_(params, [e.view_as(p) for e, p in zip(ema, params, strict=True)], 0.5)
+        vector_to_parameters(vec.clone(), params)
+
+
+def _flatten_path(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
+    """``relayout``, with :func:`flatten_params` before each call of the optimized module."""
+    gm, report = PATHS["relayout"](module, example, rules)
+
+    def call(*args: Any) -> Any:
+        flatten_params(module)
+        return gm(*args)
+
+    return call, report
+
+
 def _dynamo_only(module: nn.Module, example: Sequence[torch.Tensor], rules: Any) -> tuple[Any, Any]:
     """Dynamo with the plain eager backend: tells Dynamo's own differences from Optimus's."""
     torch._dynamo.reset()
@@ -398,8 +454,9 @@ PATHS: dict[str, Callable[..., Any]] = {
     "inductor": _inductor,
     "dynamo": _dynamo_only,
     "changed": _changed_path,
+    "flatten": _flatten_path,
 }
-FAST_PATHS = ("default", "optimize", "relayout", "backend")
+FAST_PATHS = ("default", "optimize", "relayout", "backend", "flatten")
 
 
 @dataclass

@@ -152,6 +152,9 @@ def _observe_doctored(doctor: str) -> tuple[Observation, Observation]:
             mod.bn1(z)
         elif doctor == "dtype":
             outs[0] = outs[0].double()
+        elif doctor == "param_layout":  # a weight transposed in memory, as a re-layout could leave it
+            w = next(p for p in mod.parameters() if p.dim() == 2)
+            w.data = w.data.t().contiguous().t()
         return tuple(outs)
 
     return ref, observe(wrong, mod, make_inputs(spec), 0)
@@ -169,6 +172,7 @@ def _observe_doctored(doctor: str) -> tuple[Observation, Observation]:
         ("inputs", {"inputs"}),
         ("buffers", {"buffers"}),
         ("dtype", {"dtype", "values"}),
+        ("param_layout", {"param_layout"}),
     ],
 )
 def test_checker_sees_each_kind_of_difference(doctor: str, expected: set[str]) -> None:
@@ -264,6 +268,15 @@ def test_programs_follow_parameters_replaced_after_optimize(seed: int) -> None:
     objects and send their gradients there. Without ``optimus.capture.structure_watch`` every seed fails
     (``grad_presence``: the gradients went to the old objects)."""
     assert _failures(random_spec(seed), ("changed",), torch.float32) == []
+
+
+@pytest.mark.parametrize("seed", [0, 4, 9, 11])
+def test_programs_that_flatten_their_parameters_after_optimize(seed: int) -> None:
+    """The ``flatten`` path: ``parameters_to_vector``, ``view(-1)``, foreach EMA and averaging,
+    ``vector_to_parameters`` on the re-laid-out model. These seeds re-lay out linear weights
+    (``batch_linear``, ``merge_shared_linear``, ``batch_size1_linear``) and layer-norm affines;
+    with the weights stored transposed each failed (``raises`` or ``param_layout``)."""
+    assert _failures(random_spec(seed), ("flatten",), torch.float32) == []
 
 
 @pytest.mark.slow

@@ -2,8 +2,10 @@
 when the x_i share shape/dtype/device, the W_i share shape, all or none have a bias, and the
 linears are independent.
 
-Stacked weights come from the layout (``ctx.layout``): contiguous [G, K, N], never a transposed
-batch view (that made CPU baddbmm several times slower).
+Stacked weights come from the layout (``ctx.layout``) as [G, K, N]: contiguous when stacked per
+call (``RuntimeStack``), a transposed view of the [G, N, K] storage when re-laid out
+(``RelayoutParams``: each member keeps eager's strides; the batched GEMM reads the transposed
+operand without a copy, and the side-by-side [G', K, k*N] operand below is then a view too).
 
 Shared inputs: when every distinct input feeds the same number k >= 2 of the linears (a tower's
 first layer and its gate both read the feature), the G' = G / k distinct inputs are stacked once

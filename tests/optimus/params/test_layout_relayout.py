@@ -54,9 +54,12 @@ def test_forward_backward_parity_and_stacked_storage(bias: bool) -> None:
     assert not [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "t"]
     assert not [n for n in gm.graph.nodes if n.target is torch.stack and n.args[0][0].op == "get_attr"]
     stacked = dict(gm.named_parameters())[stacked_names(gm)[0]]
-    assert stacked.shape == (4, 3, 5) and stacked.is_contiguous()
+    # [G, N, K]: the weights stacked as they are, so each keeps eager's (K, 1) strides; the graph
+    # reads the [G, K, N] operand baddbmm wants as a transposed view
+    assert stacked.shape == (4, 5, 3) and stacked.is_contiguous()
     for lin in model.linears:  # the original parameters are views into the stacked storage
         assert lin.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+        assert lin.weight.stride() == (3, 1)
     out, want = gm(x), ref(x_ref)
     torch.testing.assert_close(out, want)
     out.pow(2).sum().backward()
