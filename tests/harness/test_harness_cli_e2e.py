@@ -74,7 +74,8 @@ def test_run_report_compare_end_to_end(tmp_path: Path) -> None:
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / "rep" / "run.md").read_text()
     assert "speedup vs compile" in md and "| towers | tiny | infer |" in md
-    assert len(list((tmp_path / "rep").glob("run_*.png"))) == 5
+    assert len(list((tmp_path / "rep").glob("run_*.png"))) == 6
+    assert (tmp_path / "rep" / "run_floor.png").exists()  # every cell carries its roofline floor
 
     same = _cli("compare", str(out), str(out))
     assert same.returncode == 0, same.stdout
@@ -100,7 +101,8 @@ def test_reproduce_writes_table_report_and_plots(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| model | scale | phase | compile ms |" in out.stdout and "up to 63% faster" in out.stdout
     assert "reproduce took" in out.stdout
-    assert (tmp_path / "repro.md").exists() and len(list(tmp_path.glob("repro_*.png"))) == 3
+    assert (tmp_path / "repro.md").exists() and len(list(tmp_path.glob("repro_*.png"))) == 4
+    assert (tmp_path / "repro_floor.png").exists()
     beside = "## Beside the committed reference runs"  # the paper-scale figures next to this tiny run
     assert beside in out.stdout and beside in (tmp_path / "repro.md").read_text()
     assert "### `results/large/reproduce-large.json`: scale large, commit " in out.stdout
