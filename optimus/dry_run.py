@@ -14,7 +14,7 @@ rebuild the members' arithmetic without knowing how the rules normalize call for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,15 +184,3 @@ def _member(node: fx.Node, ctx: RewriteContext) -> Member:
     if canon is None:
         return Member(node, None, {})
     return Member(node, canon.op, dict(canon.kwargs), bool(canon.inplace))
-
-
-def op_callable(op: str) -> Callable[..., Any]:
-    """The function that computes canonical ``op`` from canonical keyword arguments."""
-
-    def call(**kwargs: Any) -> Any:
-        args, kw = emit_kwargs(op, kwargs)
-        return EMIT[op](*args, **kw)
-
-    if op not in EMIT:
-        raise ValueError(f"no callable for op {op!r}")
-    return call
