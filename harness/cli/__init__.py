@@ -17,6 +17,7 @@ from types import ModuleType
 from harness import exit_codes
 from harness.cli import (
     ab,
+    bisect,
     changes,
     compare,
     headroom,
@@ -24,6 +25,7 @@ from harness.cli import (
     models,
     nightly,
     outside_gain,
+    pair,
     profile,
     replay,
     report,
@@ -35,7 +37,7 @@ from harness.cli.common import version
 from harness.store.results import ResultsError
 
 COMMANDS: tuple[ModuleType, ...] = (
-    listing, models, run, compare, report, reproduce, targets, ab, nightly, replay, headroom, changes,
+    listing, models, run, compare, report, reproduce, targets, ab, pair, bisect, nightly, replay, headroom, changes,
     profile, outside_gain,
 )  # fmt: skip
 

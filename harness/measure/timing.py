@@ -142,6 +142,8 @@ class Contender:
     step: Callable[[], Any]
     first_call_s: float
     first_out: Any
+    module: Any = None
+    optimizer: Any = None
 
 
 def interleave(

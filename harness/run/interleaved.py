@@ -63,7 +63,7 @@ def contender(
         first = time.perf_counter() - t0 + prepared.prepare_s
     finally:
         inductor_config.pre_grad_fusion_options = saved_peer
-    return Contender(mode, step, first, out.detach())
+    return Contender(mode, step, first, out.detach(), module, optimizer)
 
 
 def summarize(samples: dict[str, list[float]], base: str) -> dict[str, Any]:

@@ -1,0 +1,357 @@
+"""Paired measurement: two sides of one cell, each in worker processes of its own, timed in
+alternating rounds by this process.
+
+WHY: a ratio of two cells measured minutes apart carries the machine's drift between them (one
+night's noise on the 2-core development machine is about 4.5%), and a compiled cell can run at
+two speeds in two processes of the same commit. Here both sides are prepared first, then every
+round times every worker in turn (the order reversed every other round: ABBA), so a drift hits
+both sides alike, and each round gives one paired ratio. Each side runs in two or more
+processes, so a process that happened to land on a slow layout shows as a spread between
+processes, beside the spread between rounds, instead of as a regression.
+
+A side is a checkout and a mode: two commits in one mode (``pair``, the nightly, ``bisect``) or
+two modes of one commit. The worker (``pair_worker.py``) is the one protocol for all of them.
+
+Figures of a pair (``ratio`` is new time over base time: above 1 is slower):
+
+- ``ratio``: the median over rounds of mean(new workers' ms) / mean(base workers' ms), and its
+  bootstrap 95% interval; a worker's ms in a round is the median of its ``steps`` steps, so one
+  step that another process preempted does not decide the round;
+- ``process_spread``: per side, (slowest - fastest) / fastest of the workers' median ms;
+- compile time: every worker's first call with caches off (at least ``compiles`` per side,
+  spawned alternately);
+- peak memory: one measured step of each side's first worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness import stats
+from harness.modes.builtin import CACHE_ENV
+from harness.run.checkouts import WORKER, Checkout
+
+STEP_TIMEOUT_S = 120.0
+"""A worker that does not answer one round's steps within this is hung (a step is at most a
+second or so at the scales paired)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker crashed, hung or refused: the message names the side and the worker."""
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """One side of the pair: what it runs (a checkout and a mode) and extra environment."""
+
+    label: str
+    checkout: Checkout
+    mode: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    rounds: int = 15
+    max_rounds: int = 45
+    steps: int = 5
+    warmup: int = 3
+    processes: int = 2
+    max_processes: int = 4
+    compiles: int = 3
+    process_spread: float = 0.05
+    device: str = "cpu"
+    seed: int = 0
+    threads: int = 1
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    provider: str = "models:build"
+    prepare_timeout_s: float = 1200.0
+
+    def check(self) -> None:
+        for name in ("rounds", "steps", "processes", "compiles"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds: must be >= rounds ({self.rounds}), got {self.max_rounds}")
+        if self.max_processes < self.processes:
+            raise ValueError(
+                f"max_processes: must be >= processes ({self.processes}), got {self.max_processes}"
+            )
+        if not self.process_spread > 0:
+            raise ValueError(f"process_spread: must be > 0, got {self.process_spread}")
+
+
+def worker_env(root: Path, threads: int, extra: dict[str, str]) -> dict[str, str]:
+    """The checkout first on the path, caches off, OpenMP sized like torch's threads (the same
+    settings as a ``run`` cell's process, ``harness.run.process_env``)."""
+    env = dict(os.environ)
+    env.pop("OPTIMUS_BENCH_INJECT_SLOWDOWN", None)  # only a side's own ``extra`` may inject
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(CACHE_ENV)
+    env.update(extra)
+    return env
+
+
+class Worker:
+    """One worker process of one side; ``ask`` sends a request and waits for its reply."""
+
+    def __init__(self, side: SideSpec, index: int, threads: int, scratch: Path) -> None:
+        self.side, self.index = side, index
+        self.name = f"{side.label} worker {index} ({side.checkout.sha[:12]}, {side.mode})"
+        cache = scratch / f"{side.label}-{index}-cache"
+        env = worker_env(side.checkout.root, threads, side.env)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
+        self.stderr_path = scratch / f"{side.label}-{index}.stderr"
+        self._err = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER)], cwd=side.checkout.root, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1,
+        )  # fmt: skip
+        self._replies: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._replies.put(line)
+        self._replies.put(None)
+
+    def _last_stderr(self) -> str:
+        try:
+            lines = [x for x in self.stderr_path.read_text(errors="replace").splitlines() if x.strip()]
+        except OSError:
+            return ""
+        return lines[-1].strip()[:300] if lines else ""
+
+    def ask(self, req: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        op = req.get("op")
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self._replies.get(timeout=timeout_s)
+        except queue.Empty:
+            self.kill()
+            raise WorkerError(f"{self.name} hung: no answer to {op!r} within {timeout_s:.0f} s") from None
+        except (BrokenPipeError, OSError):
+            line = None
+        if line is None:
+            rc = self.proc.wait(timeout=30)
+            tail = self._last_stderr()
+            raise WorkerError(
+                f"{self.name} exited with status {rc} during {op!r}" + (f": {tail}" if tail else "")
+            )
+        reply: dict[str, Any] = json.loads(line)
+        if not reply.get("ok"):
+            raise WorkerError(f"{self.name} failed {op!r}: {reply.get('error')}")
+        return reply
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+        self._err.close()
+
+
+def _prepare(worker: Worker, cell: tuple[str, str, str], opt: PairOptions, out_path: Path | None) -> float:
+    model, scale, phase = cell
+    req = {
+        "op": "prepare", "model": model, "scale": scale, "mode": worker.side.mode, "phase": phase,
+        "device": opt.device, "seed": opt.seed, "provider": opt.provider, "threads": opt.threads,
+        "warmup": opt.warmup, "out_path": str(out_path) if out_path else None,
+    }  # fmt: skip
+    return float(worker.ask(req, opt.prepare_timeout_s)["first_call_s"])
+
+
+def alternate(pairs: int) -> list[int]:
+    """Side order for spawning ``pairs`` workers per side: 0 1 1 0 0 1 ... (ABBA), so neither
+    side's compiles always run first, in the warmer or the quieter machine."""
+    order: list[int] = []
+    for i in range(pairs):
+        order += [0, 1] if i % 2 == 0 else [1, 0]
+    return order
+
+
+def spread(medians: Sequence[float]) -> float:
+    """(slowest - fastest) / fastest."""
+    lo = min(medians)
+    return (max(medians) - lo) / lo if lo > 0 else float("inf")
+
+
+def summarize_rounds(base: Sequence[Sequence[float]], new: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Paired figures from per-round, per-worker ms (``base[r][w]``): the median per-round
+    ratio with its bootstrap interval, and the spread between rounds and between processes."""
+    b = [float(np.mean(r)) for r in base]
+    n = [float(np.mean(r)) for r in new]
+    ratios = np.asarray(n) / np.asarray(b)
+    q1, med, q3 = (float(v) for v in np.percentile(ratios, [25, 50, 75]))
+    lo, hi = stats.bootstrap_median(ratios)
+
+    def per_process(rows: Sequence[Sequence[float]]) -> list[float]:
+        width = max(len(r) for r in rows)
+        return [float(np.median([r[w] for r in rows if w < len(r)])) for w in range(width)]
+
+    pb, pn = per_process(base), per_process(new)
+    return {
+        "ratio": med,
+        "ci95": [lo, hi],
+        "round_ratios": [float(x) for x in ratios],
+        "round_spread": (q3 - q1) / med,
+        "process_ms": {"base": pb, "new": pn},
+        "process_spread": {"base": spread(pb), "new": spread(pn)},
+    }
+
+
+def run_pair(
+    cell: tuple[str, str, str],
+    sides: tuple[SideSpec, SideSpec],
+    opt: PairOptions,
+    *,
+    log: Callable[[str], None] = print,
+    close: Callable[[Any, Any], tuple[bool, float]] | None = None,
+    undecided: Callable[[dict[str, Any]], bool] | None = None,
+    max_rounds: int = 0,
+) -> dict[str, Any]:
+    """Measure ``cell`` (model, scale, phase) on both sides; raises WorkerError naming the side
+    when a worker crashes, hangs or fails. ``close(base_out, new_out)`` -> (ok, max abs err) is
+    the parity check of the first outputs (None: parity not checked). While ``undecided(figures)``
+    holds, the same workers time ``rounds`` more rounds, up to ``max_rounds`` in all: an interval
+    that straddles the threshold narrows with more rounds, without new compiles."""
+    opt.check()
+    import torch
+
+    model, scale, phase = cell
+    where = f"{model}/{scale}/{phase}"
+    compile_s: list[list[float]] = [[], []]
+    workers: list[list[Worker]] = [[], []]
+    base_rows: list[list[float]] = []
+    new_rows: list[list[float]] = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="optimus-pair-work-") as tmp:
+        scratch = Path(tmp)
+        outs = [scratch / "base-out.pt", scratch / "new-out.pt"]
+        try:
+
+            def spawn(side_i: int, keep: bool) -> None:
+                side = sides[side_i]
+                w = Worker(side, len(compile_s[side_i]), opt.threads, scratch)
+                first = not workers[side_i] and keep
+                log(f"[pair] {where}: preparing {w.name} ...")
+                try:
+                    s = _prepare(w, cell, opt, outs[side_i] if first else None)
+                except BaseException:
+                    w.close()
+                    raise
+                compile_s[side_i].append(s)
+                log(f"[pair]   first call {s:.1f} s")
+                if keep:
+                    workers[side_i].append(w)
+                else:
+                    w.close()
+
+            def time_rounds(n: int) -> None:
+                for r in range(n):
+                    order = [w for pair in zip(workers[0], workers[1], strict=True) for w in pair]
+                    if len(base_rows) % 2:
+                        order.reverse()
+                    ms: dict[int, float] = {}
+                    for w in order:
+                        steps_ms = w.ask({"op": "time", "steps": opt.steps}, STEP_TIMEOUT_S)["ms"]
+                        ms[id(w)] = float(np.median(steps_ms))
+                    base_rows.append([ms[id(w)] for w in workers[0]])
+                    new_rows.append([ms[id(w)] for w in workers[1]])
+                    if (r + 1) % 5 == 0 or r + 1 == n:
+                        log(f"[pair]   round {len(base_rows)}")
+
+            for side_i in alternate(opt.processes):
+                spawn(side_i, keep=True)
+            parity = None
+            if close is not None:
+                ok, err = close(
+                    torch.load(outs[0], weights_only=True), torch.load(outs[1], weights_only=True)
+                )
+                parity = {"ok": bool(ok), "max_abs_err": float(err)}
+            time_rounds(opt.rounds)
+            fig = summarize_rounds(base_rows, new_rows)
+            while (
+                max(fig["process_spread"].values()) > opt.process_spread
+                and len(workers[0]) < opt.max_processes
+            ):
+                log(
+                    f"[pair]   processes disagree (spread base {fig['process_spread']['base']:.1%}, "
+                    f"new {fig['process_spread']['new']:.1%}): one more worker per side"
+                )
+                for side_i in alternate(1) if len(workers[0]) % 2 == 0 else [1, 0]:
+                    spawn(side_i, keep=True)
+                time_rounds(opt.rounds)
+                fig = summarize_rounds(base_rows, new_rows)
+            while undecided is not None and undecided(fig) and len(base_rows) + opt.rounds <= max_rounds:
+                log(
+                    f"[pair]   interval {fig['ci95'][0]:.3f}-{fig['ci95'][1]:.3f} undecided: {opt.rounds} more rounds"
+                )
+                time_rounds(opt.rounds)
+                fig = summarize_rounds(base_rows, new_rows)
+            memory = [w[0].ask({"op": "memory"}, opt.prepare_timeout_s) for w in workers]
+        finally:
+            for side_workers in workers:
+                for w in side_workers:
+                    w.close()
+        extra = max(0, opt.compiles - len(compile_s[0]))
+        for side_i in alternate(extra) if extra else []:
+            spawn(side_i, keep=False)
+    stable = max(fig["process_spread"].values()) <= opt.process_spread
+    return {
+        **fig,
+        "stable": stable,
+        "rounds": len(base_rows),
+        "steps": opt.steps,
+        "processes": len(workers[0]),
+        "parity": parity,
+        "base": _side_record(sides[0], base_rows, compile_s[0], memory[0]),
+        "new": _side_record(sides[1], new_rows, compile_s[1], memory[1]),
+        "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _side_record(
+    side: SideSpec, rows: list[list[float]], compiles: list[float], mem: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "sha": side.checkout.sha,
+        "mode": side.mode,
+        "ms": [float(np.mean(r)) for r in rows],
+        "worker_ms": rows,
+        "compile_s": compiles,
+        "peak_mem_bytes": mem.get("peak_mem_bytes"),
+        "peak_mem_method": mem.get("peak_mem_method"),
+        "peak_mem_static_counted": bool(mem.get("static_counted")),
+    }
