@@ -19,6 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_options(p, models=None, scale="tiny", budget_s=1.0, max_iters=300, warmup=3, min_iters=20,
                     timeout_s=300.0, out="results/reproduce.json")  # fmt: skip
     p.add_argument("--out-dir", default=str(RESULTS_DIR), help="where the report goes (default: results/)")
+    p.add_argument("--unpaired", action="store_true",
+                   help="speedups as ratios of the cells only: skip the side-by-side measurement of the modes")  # fmt: skip
+    p.add_argument("--pair-rounds", type=int, default=15,
+                   help="rounds of the side-by-side speedup measurement (default: 15)")  # fmt: skip
+    p.add_argument("--pair-processes", type=int, default=2,
+                   help="worker processes per mode in the side-by-side measurement (default: 2)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,9 +40,27 @@ def main(args: argparse.Namespace) -> int:
     n = len(cfg.cells())
     print(f"reproduce: {len(cfg.models)} models x {len(cfg.modes)} modes x {len(cfg.phases)} phases = {n} cells "
           f"at scale {cfg.scale} on {cfg.device}", flush=True)  # fmt: skip
+    pair_opt = None
+    if not args.unpaired:
+        from harness.run.paired import PairOptions
+
+        pair_opt = PairOptions(
+            rounds=args.pair_rounds, max_rounds=args.pair_rounds, processes=args.pair_processes,
+            max_processes=max(args.pair_processes, 4), compiles=1, device=cfg.device, seed=cfg.seed,
+            threads=cfg.threads, provider=cfg.provider,
+        )  # fmt: skip
+        pair_opt.check()
     doc = run_suite(
         cfg, args.out, resume=args.resume, retry_failed=args.retry_failed, progress=not args.no_progress
     )
+    if pair_opt is not None:
+        from harness.run.paired_modes import pair_modes
+        from harness.store.results import save_atomic
+
+        t_pair = time.perf_counter()
+        doc["paired_speedups"] = pair_modes(doc, pair_opt, log=lambda msg: print(msg, flush=True))
+        doc["paired_speedups_s"] = time.perf_counter() - t_pair
+        save_atomic(args.out, doc)
     paths = write_report(doc, args.out_dir, Path(args.out).stem, title="Optimus reproduction")
     beside = references.section()
     with open(paths[0], "a", encoding="utf-8") as md:  # paths[0] is the markdown report

@@ -16,6 +16,13 @@ Why a pass-rate row: the verdicts above read the cells of BASE only, so a new ru
 which fails passes them. The pass rate (``harness.report.summaries``: the share of rows where a
 mode ran, matched eager and has a speedup) sees every row of both files; a fall in it is a
 regression naming the cells that stopped passing (``pass_rate_rows``).
+
+Why a paired cell is judged by its pair: a cell that ``pair`` (or the paired nightly) measured
+carries ``paired_ratio`` and its 95% interval, from rounds timed side by side against
+``base_sha``. Its latency verdict is that interval against the pair's threshold (a regression
+when the whole interval lies above it; ``unstable`` when a side's processes disagreed, which is
+shown and never judged), not a test between two files measured at other times. Its compile time
+is judged on the pair's alternated cold compiles.
 """
 
 from __future__ import annotations
@@ -172,6 +179,11 @@ def _judge(metric: metric_registry.Metric, label: str, b: dict[str, Any], n: dic
     bv, nv = metric.value(b), metric.value(n)
     if bv is None or nv is None:
         return None
+    paired = n.get("paired")
+    if paired and n.get("paired_ci95") and metric.name == "latency_ms":
+        return _judge_pair(label, n, paired)
+    if paired and metric.name == "compile_s":
+        bv, nv = _median(paired["base"]["compile_s"]), _median(paired["new"]["compile_s"])
     if metric.judge == "samples":
         verdict, change, p, ci = compare_latency(b[metric.name]["samples"], n[metric.name]["samples"], th)
         return Row(label, metric.name, bv, nv, change, verdict, p, ci)
@@ -182,6 +194,28 @@ def _judge(metric: metric_registry.Metric, label: str, b: dict[str, Any], n: dic
     rel, abs_min = th.of(metric)
     v, c = _scalar(bv, nv, rel, abs_min, metric.lower_is_better)
     return Row(label, metric.name, bv, nv, c, v)
+
+
+def _median(xs: list[float]) -> float:
+    import numpy as np
+
+    return float(np.median(xs))
+
+
+def _judge_pair(label: str, n: dict[str, Any], paired: dict[str, Any]) -> Row:
+    """The latency row of a paired cell: its interval against the pair's threshold."""
+    lo, hi = n["paired_ci95"]
+    t = float(paired.get("threshold", 0.02))
+    if not paired.get("stable", True):
+        verdict = "unstable"
+    elif lo > 1 + t:
+        verdict = "regression"
+    elif hi < 1 - t:
+        verdict = "improvement"
+    else:
+        verdict = "no change"
+    base_ms, new_ms = _median(paired["base"]["ms"]), _median(paired["new"]["ms"])
+    return Row(label, "latency_ms", base_ms, new_ms, float(n["paired_ratio"]) - 1.0, verdict, None, (lo, hi))
 
 
 def _non_finite_figure(*cells: dict[str, Any]) -> str | None:
@@ -259,6 +293,8 @@ def format_rows(rows: list[Row]) -> str:
     for r in sorted(rows, key=lambda r: (order.get(r.verdict, 9), r.cell, r.metric)):
         change = f"{r.change * 100:+.1f}%" if r.change is not None else "-"
         p = f"{r.p_value:.2g}" if r.p_value is not None else "-"
+        if r.metric == "latency_ms" and r.p_value is None and r.ci is not None:
+            p = "paired"  # the interval is of per-round ratios timed side by side (_judge_pair)
         ci = f"{r.ci[0]:.3f}-{r.ci[1]:.3f}" if r.ci is not None else "-"
         loud = r.verdict == "regression" or r.verdict in INCOMPLETE_VERDICTS
         verdict = f"**{r.verdict}**" if loud else r.verdict

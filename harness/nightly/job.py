@@ -56,6 +56,7 @@ from harness.nightly.changes import (
     config_from,
     format_changes,
 )
+from harness.nightly.paired_night import PairedConfig
 from harness.outputs import check_output_dir, check_output_file
 from harness.spec import DEFAULT_PROVIDER, CellKey, RunConfig, resolve_device
 from harness.store import history_store, results
@@ -91,6 +92,7 @@ class NightlyConfig:
     max_reruns: int = 1
     changes: ChangeConfig = field(default_factory=ChangeConfig)
     sharded: dict[str, Any] | None = None  # the sharded suite (nproc > 1), or None
+    paired: PairedConfig = field(default_factory=PairedConfig)
 
 
 def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -117,7 +119,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: top level must be an object")
-    _check_keys(doc, ("_doc", "suite", "sharded", "harness", "asv", "rerun", "alert"), str(p))
+    _check_keys(doc, ("_doc", "suite", "sharded", "paired", "harness", "asv", "rerun", "alert"), str(p))
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
     sharded = _section(doc, "sharded", p) if "sharded" in doc else None
@@ -160,6 +162,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         max_reruns=max_reruns,
         changes=config_from(_section(doc, "alert", p), f"{p}: alert"),
         sharded=dict(sharded) if sharded is not None else None,
+        paired=PairedConfig.from_section(_section(doc, "paired", p), f"{p}: paired"),
     )
 
 
@@ -510,6 +513,7 @@ def summary_markdown(
     elapsed_s: float,
     changes_md: str = "",
     sharded_note: str = "",
+    paired_note: str = "",
 ) -> str:
     head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
     lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
@@ -520,6 +524,8 @@ def summary_markdown(
             f"Compared with nightly {base['sha'][:10]} of {base['date']} ({n_cells} cells, {elapsed_s:.0f} s)."
         )
     lines += ["", f"Thresholds: {_fmt_cfg(cfg)}.", ""]
+    if paired_note:
+        lines += [paired_note, ""]
     if sharded_note:
         lines += [sharded_note, ""]
     if outcome is not None:
@@ -578,6 +584,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-sharded", action="store_true", help="skip the config's sharded suite (its torchrun cells)"
     )
+    p.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="do not pair tonight's cells with the base night's commit (compare separate nights only)",
+    )
+    p.add_argument(
+        "--auto-bisect",
+        action="store_true",
+        help="run `optimus-bench bisect` for each confirmed latency regression (otherwise its command is printed)",
+    )
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
     p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
     p.add_argument("--asv-machine", help="asv machine name (default: asv's, from ~/.asv-machine.json)")
@@ -630,7 +646,7 @@ class _AsvOutcome:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
-    """One night (see the module docstring): settings, measure, compare, asv, judge, record."""
+    """One night (see the module docstring): settings, measure, pair, compare, asv, judge, record."""
     night = _prepare(args)
     from harness.run.runner import run_one, run_suite
 
@@ -638,10 +654,15 @@ def main_from_args(args: argparse.Namespace) -> int:
     new = run_suite(night.run_cfg, night.new_path, progress=not args.no_progress)
     base_entry, base_doc = _base(night)
     peaks = new["env"].get("peaks")
+    paired = _paired_step(night, base_entry, new)
 
     def measure_again(key: CellKey, cfg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        # A re-measured cell replaces the night's: its floor divides by the night's peaks too.
-        return run_one(key, cfg, timeout_s, peaks)
+        # A re-measured cell replaces the night's: its floor divides by the night's peaks too;
+        # on a paired night it is paired again, in fresh workers.
+        cell = run_one(key, cfg, timeout_s, peaks)
+        if paired.base_sha:
+            paired.merge_again(night, key, cell)
+        return cell
 
     outcome = _confirm(night, base_doc, new, measure_again)
     sharded = _sharded_step(night, base_entry)
@@ -653,7 +674,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     if sharded.doc is not None and sharded.outcome is None:
         uncompared.append(sharded.doc)
     status = _status(outcome, base_doc, uncompared, asv, cp)
-    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded)
+    paired.bisect_confirmed(night, outcome)
+    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded, paired.note())
     rc = {
         "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
         "incomplete": exit_codes.INCOMPLETE,
@@ -662,6 +684,121 @@ def main_from_args(args: argparse.Namespace) -> int:
     if args.publish and asv.ran and not _publish(night, cp):
         rc = rc or exit_codes.TOOL_FAILED
     return rc
+
+
+@dataclass
+class _PairedOutcome:
+    """The paired part of a night: the base commit it paired with, or why it did not."""
+
+    base_sha: str | None = None
+    why_not: str = ""
+    doc: dict[str, Any] | None = None
+    rel: str = ""
+    bisects: list[str] = field(default_factory=list)
+
+    def merge_again(self, night: _Night, key: CellKey, cell: dict[str, Any]) -> None:
+        from harness.nightly import paired_night
+
+        assert self.base_sha is not None
+        night.log(f"pairing {key.label()} again with {self.base_sha[:10]}")
+        again = paired_night.pair_cells(REPO_ROOT, self.base_sha, [key], night.cfg.paired, _pair_options(night),
+                                        None, night.log, _injected())  # fmt: skip
+        paired_night.merge({"cells": [cell]}, again)
+
+    def bisect_confirmed(self, night: _Night, outcome: HarnessOutcome | None) -> None:
+        """The bisect command of every confirmed latency regression; run with --auto-bisect."""
+        from harness.nightly import paired_night
+
+        if not self.base_sha or outcome is None:
+            return
+        keys = {r.cell for r in outcome.rows if r.metric == "latency_ms" and r.verdict == "regression"}
+        by_label = {compare.cell_label(c): CellKey.of(c) for c in (self.doc or {}).get("cells", [])}
+        for label in sorted(keys):
+            if label not in by_label:
+                continue
+            key = by_label[label]
+            cmd = paired_night.bisect_command(self.base_sha, night.sha, key, night.cfg.paired.threshold)
+            line = f"- {label}: `{cmd}`"
+            if night.args.auto_bisect and night.sha != self.base_sha:
+                line += "\n" + _auto_bisect(night, self.base_sha, key)
+            self.bisects.append(line)
+
+    def note(self) -> str:
+        if self.base_sha is None:
+            return f"Not paired: {self.why_not}." if self.why_not else ""
+        cells = (self.doc or {}).get("cells", [])
+        unstable = [
+            compare.cell_label(c) for c in cells if (c.get("paired") or {}).get("verdict") == "unstable"
+        ]
+        text = (
+            f"Paired with the base commit {self.base_sha[:10]}: {len(cells)} cell(s) timed side by side "
+            f"({self.rel}, {(self.doc or {}).get('wall_s', 0):.0f} s); a cell's latency verdict is its "
+            f"paired interval against {night_threshold(self.doc):.1%}."
+        )
+        if unstable:
+            text += f" Not judged, their processes disagreed: {', '.join(unstable)}."
+        if self.bisects:
+            text += "\n\nTo find the commit of each confirmed latency regression:\n\n" + "\n".join(
+                self.bisects
+            )
+        return text
+
+
+def night_threshold(doc: dict[str, Any] | None) -> float:
+    return float(((doc or {}).get("config") or {}).get("threshold", 0.0))
+
+
+def _injected() -> dict[str, str]:
+    """An injected slowdown (the nightly's own tests) is tonight's: the new side's workers only."""
+    from harness.measure.timing import INJECT_SLOWDOWN_ENV
+
+    value = os.environ.get(INJECT_SLOWDOWN_ENV, "").strip()
+    return {INJECT_SLOWDOWN_ENV: value} if value else {}
+
+
+def _pair_options(night: _Night) -> Any:
+    s = night.run_cfg
+    return night.cfg.paired.options(s.device, int(s.threads or 0), s.provider, int(s.seed))
+
+
+def _paired_step(night: _Night, base_entry: dict[str, Any] | None, new: dict[str, Any]) -> _PairedOutcome:
+    """Pair tonight's cells with the base night's commit and merge the pairs into ``new``."""
+    from harness.nightly import paired_night
+    from harness.run.checkouts import CheckoutError
+
+    if night.args.unpaired or not night.cfg.paired.enabled:
+        return _PairedOutcome(why_not="--unpaired" if night.args.unpaired else "paired.enabled is false")
+    if base_entry is None:
+        return _PairedOutcome(why_not="no base night")
+    base_sha = str(base_entry.get("sha") or "")
+    try:
+        from harness.run import checkouts
+
+        base_sha = checkouts.resolve(REPO_ROOT, base_sha)
+    except CheckoutError:
+        return _PairedOutcome(
+            why_not=f"the base {base_sha[:12] or '(no commit)'} is not a commit of this repository"
+        )
+    keys = [CellKey.of(c) for c in new["cells"]]
+    rel = night.new_rel.replace(".json", ".paired.json")
+    night.log(f"pairing {len(keys)} cells with the base commit {base_sha[:10]} into {night.store / rel}")
+    doc = paired_night.pair_cells(REPO_ROOT, base_sha, keys, night.cfg.paired, _pair_options(night),
+                                  night.store / rel, night.log, _injected())  # fmt: skip
+    paired_night.merge(new, doc)
+    results.save_atomic(night.new_path, new)
+    return _PairedOutcome(base_sha=base_sha, doc=doc, rel=rel)
+
+
+def _auto_bisect(night: _Night, base_sha: str, key: CellKey) -> str:
+    from harness.diagnose import bisect as bisect_mod
+
+    night.log(f"bisecting {key.label()} between {base_sha[:10]} and {night.sha[:10]}")
+    try:
+        doc = bisect_mod.bisect(REPO_ROOT, base_sha, night.sha, (key.model, key.scale, key.mode, key.phase),
+                                _pair_options(night), threshold=night.cfg.paired.threshold, log=night.log)  # fmt: skip
+    except (ValueError, RuntimeError) as e:
+        return f"  bisect: {e}"
+    return f"  bisect: first slower commit {doc['first_slower'][:12]}; {doc['confidence']}"
 
 
 def _prepare(args: argparse.Namespace) -> _Night:
@@ -861,6 +998,7 @@ def _record(
     status: str,
     flagged_now: list[tuple[str, str]],
     sharded: _ShardedOutcome,
+    paired_note: str = "",
 ) -> None:
     """Write the summary, the history entry and the night's history line; print the summary."""
     store, git = night.store, night.git
@@ -877,6 +1015,7 @@ def _record(
         elapsed_s=time.perf_counter() - night.t0,
         changes_md=cp.markdown,
         sharded_note=sharded.note,
+        paired_note=paired_note,
     )
     summary_rel = night.new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")

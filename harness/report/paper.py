@@ -40,9 +40,25 @@ def _pct(base: float | None, new: float | None) -> float | None:
     return (new / base - 1.0) * 100.0
 
 
+def paired_speedups(doc: dict[str, Any]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """The side-by-side speedups ``reproduce`` measured (``harness.run.paired_modes``), by
+    (model, scale, phase, baseline)."""
+    out = {}
+    for p in doc.get("paired_speedups") or []:
+        if "speedup" in p:
+            lo, hi = p["ci95"]
+            out[(p["model"], p["scale"], p["phase"], p["against"])] = {
+                "x": p["speedup"], "lo": lo, "hi": hi, "paired": True, "stable": p["stable"],
+            }  # fmt: skip
+    return out
+
+
 def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (model, phase) present in ``doc``: compile+optimus against its baselines."""
+    """One row per (model, phase) present in ``doc``: compile+optimus against its baselines. A
+    speedup measured side by side is used where there is one (marked ``paired``); otherwise the
+    ratio of the two cells."""
     cells = cell_map(doc)
+    paired = paired_speedups(doc)
     pairs = sorted({(k.model, k.scale, k.phase) for k in cells}, key=lambda t: (t[0], t[2] != "infer", t[1]))
     rows = []
     for model, scale, phase in pairs:
@@ -67,7 +83,7 @@ def paper_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "status": t["status"] if t["status"] != "ok" else f"{base_mode} {bcell['status']}"
                 }
                 continue
-            row[key] = speedup(bcell, t)
+            row[key] = paired.get((model, scale, phase, base_mode)) or speedup(bcell, t)
         c = get[BASELINES[0]]
         ok = t is not None and c is not None and t["status"] == "ok" and c["status"] == "ok"
         row["mem_change_pct"] = (
@@ -97,7 +113,8 @@ def _sp(v: Any) -> str:
         return "-"
     if "status" in v:
         return str(v["status"])
-    return f"{v['x']:.2f}x ({v['lo']:.2f}-{v['hi']:.2f})"
+    mark = (" ‡" if v.get("stable", True) else " ‡ unstable") if v.get("paired") else ""
+    return f"{v['x']:.2f}x ({v['lo']:.2f}-{v['hi']:.2f}){mark}"
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -143,7 +160,9 @@ def format_paper_table(rows: list[dict[str, Any]]) -> str:
     lines.append(
         f"Latency: median (interquartile range) of the timed steps in ms; † marks an IQR above {NOISY:.0%} "
         "of the median (other work on the machine: read that speedup with its interval). Speedup: median(base) / "
-        "median(compile+optimus), 95% bootstrap interval in brackets; a cell that failed or did not match "
+        "median(compile+optimus), 95% bootstrap interval in brackets; ‡ marks a speedup measured side by side "
+        "(the modes in worker processes of their own, timed in alternating rounds: the median of the per-round "
+        "ratios and its interval; 'unstable' when one mode's processes disagreed beyond the limit); a cell that failed or did not match "
         "eager shows its status instead. Compile time: first call with the FX graph and other compile "
         "caches off, minus one steady-state step."
         + (

@@ -25,9 +25,11 @@ Figures of a pair (``ratio`` is new time over base time: above 1 is slower):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,6 +127,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER)], cwd=side.checkout.root, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1,
+            start_new_session=True,  # its own group: a kill takes Inductor's compile workers too
         )  # fmt: skip
         self._replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -167,7 +170,8 @@ class Worker:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
     def close(self) -> None:
@@ -192,12 +196,12 @@ def _prepare(worker: Worker, cell: tuple[str, str, str], opt: PairOptions, out_p
     return float(worker.ask(req, opt.prepare_timeout_s)["first_call_s"])
 
 
-def alternate(pairs: int) -> list[int]:
+def alternate(pairs: int, sides: int = 2) -> list[int]:
     """Side order for spawning ``pairs`` workers per side: 0 1 1 0 0 1 ... (ABBA), so neither
     side's compiles always run first, in the warmer or the quieter machine."""
     order: list[int] = []
     for i in range(pairs):
-        order += [0, 1] if i % 2 == 0 else [1, 0]
+        order += list(range(sides)) if i % 2 == 0 else list(reversed(range(sides)))
     return order
 
 
@@ -246,98 +250,129 @@ def run_pair(
     the parity check of the first outputs (None: parity not checked). While ``undecided(figures)``
     holds, the same workers time ``rounds`` more rounds, up to ``max_rounds`` in all: an interval
     that straddles the threshold narrows with more rounds, without new compiles."""
+    m = measure_sides(cell, sides, opt, log=log, close=close, undecided=undecided, max_rounds=max_rounds)
+    fig = m["figures"][0]
+    return {
+        **fig,
+        "stable": fig["stable"],
+        "rounds": m["rounds"],
+        "steps": opt.steps,
+        "processes": m["processes"],
+        "parity": m["parity"][0],
+        "base": m["sides"][0],
+        "new": m["sides"][1],
+        "wall_s": m["wall_s"],
+    }
+
+
+def measure_sides(
+    cell: tuple[str, str, str],
+    sides: Sequence[SideSpec],
+    opt: PairOptions,
+    *,
+    log: Callable[[str], None] = print,
+    close: Callable[[Any, Any], tuple[bool, float]] | None = None,
+    undecided: Callable[[dict[str, Any]], bool] | None = None,
+    max_rounds: int = 0,
+) -> dict[str, Any]:
+    """``run_pair`` for two or more sides: side 0 is the base, and every other side gets its
+    figures against it (``figures[j - 1]``, ``parity[j - 1]``), from the same rounds."""
     opt.check()
+    if len(sides) < 2:
+        raise ValueError(f"sides: need two or more, got {len(sides)}")
     import torch
 
     model, scale, phase = cell
     where = f"{model}/{scale}/{phase}"
-    compile_s: list[list[float]] = [[], []]
-    workers: list[list[Worker]] = [[], []]
-    base_rows: list[list[float]] = []
-    new_rows: list[list[float]] = []
+    n = len(sides)
+    compile_s: list[list[float]] = [[] for _ in sides]
+    workers: list[list[Worker]] = [[] for _ in sides]
+    rows: list[list[list[float]]] = [[] for _ in sides]  # rows[side][round][worker]
     t_start = time.perf_counter()
+
+    def figures() -> list[dict[str, Any]]:
+        out = []
+        for j in range(1, n):
+            fig = summarize_rounds(rows[0], rows[j])
+            fig["stable"] = max(fig["process_spread"].values()) <= opt.process_spread
+            out.append(fig)
+        return out
+
     with tempfile.TemporaryDirectory(prefix="optimus-pair-work-") as tmp:
         scratch = Path(tmp)
-        outs = [scratch / "base-out.pt", scratch / "new-out.pt"]
+        outs = [scratch / f"out-{i}.pt" for i in range(n)]
+
+        def spawn(side_i: int, keep: bool) -> None:
+            w = Worker(sides[side_i], len(compile_s[side_i]), opt.threads, scratch)
+            first = not workers[side_i] and keep
+            log(f"[pair] {where}: preparing {w.name} ...")
+            try:
+                s = _prepare(w, cell, opt, outs[side_i] if first else None)
+            except BaseException:
+                w.close()
+                raise
+            compile_s[side_i].append(s)
+            log(f"[pair]   first call {s:.1f} s")
+            if keep:
+                workers[side_i].append(w)
+            else:
+                w.close()
+
+        def time_rounds(count: int) -> None:
+            for r in range(count):
+                order = [w for group in zip(*workers, strict=True) for w in group]
+                if len(rows[0]) % 2:
+                    order.reverse()
+                ms: dict[int, float] = {}
+                for w in order:
+                    steps_ms = w.ask({"op": "time", "steps": opt.steps}, STEP_TIMEOUT_S)["ms"]
+                    ms[id(w)] = float(np.median(steps_ms))
+                for side_i in range(n):
+                    rows[side_i].append([ms[id(w)] for w in workers[side_i]])
+                if (r + 1) % 5 == 0 or r + 1 == count:
+                    log(f"[pair]   round {len(rows[0])}")
+
         try:
-
-            def spawn(side_i: int, keep: bool) -> None:
-                side = sides[side_i]
-                w = Worker(side, len(compile_s[side_i]), opt.threads, scratch)
-                first = not workers[side_i] and keep
-                log(f"[pair] {where}: preparing {w.name} ...")
-                try:
-                    s = _prepare(w, cell, opt, outs[side_i] if first else None)
-                except BaseException:
-                    w.close()
-                    raise
-                compile_s[side_i].append(s)
-                log(f"[pair]   first call {s:.1f} s")
-                if keep:
-                    workers[side_i].append(w)
-                else:
-                    w.close()
-
-            def time_rounds(n: int) -> None:
-                for r in range(n):
-                    order = [w for pair in zip(workers[0], workers[1], strict=True) for w in pair]
-                    if len(base_rows) % 2:
-                        order.reverse()
-                    ms: dict[int, float] = {}
-                    for w in order:
-                        steps_ms = w.ask({"op": "time", "steps": opt.steps}, STEP_TIMEOUT_S)["ms"]
-                        ms[id(w)] = float(np.median(steps_ms))
-                    base_rows.append([ms[id(w)] for w in workers[0]])
-                    new_rows.append([ms[id(w)] for w in workers[1]])
-                    if (r + 1) % 5 == 0 or r + 1 == n:
-                        log(f"[pair]   round {len(base_rows)}")
-
-            for side_i in alternate(opt.processes):
+            for side_i in alternate(opt.processes, n):
                 spawn(side_i, keep=True)
-            parity = None
+            parity: list[dict[str, Any] | None] = [None] * (n - 1)
             if close is not None:
-                ok, err = close(
-                    torch.load(outs[0], weights_only=True), torch.load(outs[1], weights_only=True)
-                )
-                parity = {"ok": bool(ok), "max_abs_err": float(err)}
+                ref = torch.load(outs[0], weights_only=True)
+                for j in range(1, n):
+                    ok, err = close(ref, torch.load(outs[j], weights_only=True))
+                    parity[j - 1] = {"ok": bool(ok), "max_abs_err": float(err)}
             time_rounds(opt.rounds)
-            fig = summarize_rounds(base_rows, new_rows)
-            while (
-                max(fig["process_spread"].values()) > opt.process_spread
-                and len(workers[0]) < opt.max_processes
-            ):
-                log(
-                    f"[pair]   processes disagree (spread base {fig['process_spread']['base']:.1%}, "
-                    f"new {fig['process_spread']['new']:.1%}): one more worker per side"
-                )
-                for side_i in alternate(1) if len(workers[0]) % 2 == 0 else [1, 0]:
+            figs = figures()
+            while not all(f["stable"] for f in figs) and len(workers[0]) < opt.max_processes:
+                worst = max(max(f["process_spread"].values()) for f in figs)
+                log(f"[pair]   processes disagree (spread up to {worst:.1%}): one more worker per side")
+                for side_i in alternate(len(workers[0]) + 1, n)[-n:]:
                     spawn(side_i, keep=True)
                 time_rounds(opt.rounds)
-                fig = summarize_rounds(base_rows, new_rows)
-            while undecided is not None and undecided(fig) and len(base_rows) + opt.rounds <= max_rounds:
-                log(
-                    f"[pair]   interval {fig['ci95'][0]:.3f}-{fig['ci95'][1]:.3f} undecided: {opt.rounds} more rounds"
-                )
+                figs = figures()
+            while (
+                undecided is not None
+                and any(undecided(f) for f in figs)
+                and len(rows[0]) + opt.rounds <= max_rounds
+            ):
+                log(f"[pair]   an interval straddles the threshold: {opt.rounds} more rounds")
                 time_rounds(opt.rounds)
-                fig = summarize_rounds(base_rows, new_rows)
+                figs = figures()
             memory = [w[0].ask({"op": "memory"}, opt.prepare_timeout_s) for w in workers]
         finally:
             for side_workers in workers:
                 for w in side_workers:
                     w.close()
+        processes = len(workers[0])
         extra = max(0, opt.compiles - len(compile_s[0]))
-        for side_i in alternate(extra) if extra else []:
+        for side_i in alternate(extra, n) if extra else []:
             spawn(side_i, keep=False)
-    stable = max(fig["process_spread"].values()) <= opt.process_spread
     return {
-        **fig,
-        "stable": stable,
-        "rounds": len(base_rows),
-        "steps": opt.steps,
-        "processes": len(workers[0]),
+        "figures": figs,
         "parity": parity,
-        "base": _side_record(sides[0], base_rows, compile_s[0], memory[0]),
-        "new": _side_record(sides[1], new_rows, compile_s[1], memory[1]),
+        "rounds": len(rows[0]),
+        "processes": processes,
+        "sides": [_side_record(sides[i], rows[i], compile_s[i], memory[i]) for i in range(n)],
         "wall_s": time.perf_counter() - t_start,
     }
 

@@ -1,6 +1,7 @@
 """`optimus-bench nightly` end to end: real cells, a real injected slowdown, real exit codes.
 
-The cells are real harness measurements (own subprocess, raw samples) of the harness's
+The night is paired (the default): tonight's checkout is timed side by side with the base
+night's commit, and the injected slowdown reaches tonight's workers only. The cells are real harness measurements (own subprocess, raw samples) of the harness's
 stand-in model in eager mode, one torch thread, so four nights fit in the CI budget. The
 slowdown is injected where the harness measures (OPTIMUS_BENCH_INJECT_SLOWDOWN), so the
 nightly sees nothing but slower samples.
@@ -32,6 +33,8 @@ def wide_gate_config(tmp_path: Path) -> Path:
     """The repository's nightly config with the latency gate widened to ``LATENCY_GATE``."""
     cfg = json.loads((ROOT / "benchmarks" / "nightly_thresholds.json").read_text())
     cfg["harness"]["latency"] = LATENCY_GATE
+    cfg["paired"].update(threshold=LATENCY_GATE, rounds=6, max_rounds=6, steps=3, processes=1, compiles=1,
+                         max_processes=1, process_spread=10.0)  # fmt: skip
     path = tmp_path / "nightly_thresholds.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -48,7 +51,7 @@ def night(store: Path, slowdown: str | None = None) -> subprocess.CompletedProce
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
 
 
@@ -62,6 +65,7 @@ def test_nightly_catches_injected_slowdown_and_passes_unchanged_runs(tmp_path: P
     unchanged = night(store)
     assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
     assert "# Nightly PASS" in unchanged.stdout
+    assert "Paired with the base commit" in unchanged.stdout  # the default night is paired
     assert "**regression**" not in unchanged.stdout
 
     slowed = night(store, SLOWDOWN)
@@ -73,6 +77,8 @@ def test_nightly_catches_injected_slowdown_and_passes_unchanged_runs(tmp_path: P
         if line.startswith("| towers/small/eager/infer | latency_ms")
     ]
     assert len(latency) == 1 and "**regression**" in latency[0], slowed.stdout
+    assert "| paired |" in latency[0]  # judged on the interval of the side-by-side rounds
+    assert "optimus-bench bisect " in slowed.stdout  # the command that finds the commit
     change = float(latency[0].split("|")[5].strip().rstrip("%"))
     # +900% injected; on a loaded 2-core machine a longer timed region is preempted more often,
     # so only the direction and the gate are asserted.
