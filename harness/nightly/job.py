@@ -203,6 +203,26 @@ def last_good(history: dict[str, Any], store: Path) -> dict[str, Any] | None:
     return None
 
 
+def paired_anchor(history: dict[str, Any], base_entry: dict[str, Any], anchor_nights: int) -> str:
+    """The commit tonight is paired with: the base night's own anchor while fewer than
+    ``anchor_nights`` passing nights followed it, else the base night's commit.
+
+    Why an anchor and not always the last passing night: paired against the night before, a
+    slowdown of 2% a night never shows an interval above a 2% threshold, and every night passes
+    and becomes the next base. Against an anchor that stays for a week, the creep adds up night
+    after night until its interval crosses the threshold; ``bisect`` then finds the commits."""
+    anchor = base_entry.get("paired_base")
+    if not anchor or anchor_nights <= 1:
+        return str(base_entry["sha"])
+    passing = 0
+    for e in reversed(history["runs"]):
+        if e.get("sha") == anchor and e.get("status") == "pass":
+            return str(anchor) if passing < anchor_nights else str(base_entry["sha"])
+        if e.get("status") == "pass":
+            passing += 1
+    return str(base_entry["sha"])
+
+
 # --------------------------------------------------------------------------- harness cells
 
 
@@ -675,7 +695,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         uncompared.append(sharded.doc)
     status = _status(outcome, base_doc, uncompared, asv, cp)
     paired.bisect_confirmed(night, outcome)
-    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded, paired.note())
+    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded, paired)
     rc = {
         "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
         "incomplete": exit_codes.INCOMPLETE,
@@ -770,7 +790,7 @@ def _paired_step(night: _Night, base_entry: dict[str, Any] | None, new: dict[str
         return _PairedOutcome(why_not="--unpaired" if night.args.unpaired else "paired.enabled is false")
     if base_entry is None:
         return _PairedOutcome(why_not="no base night")
-    base_sha = str(base_entry.get("sha") or "")
+    base_sha = paired_anchor(night.history, base_entry, night.cfg.paired.anchor_nights)
     try:
         from harness.run import checkouts
 
@@ -998,7 +1018,7 @@ def _record(
     status: str,
     flagged_now: list[tuple[str, str]],
     sharded: _ShardedOutcome,
-    paired_note: str = "",
+    paired: _PairedOutcome | None = None,
 ) -> None:
     """Write the summary, the history entry and the night's history line; print the summary."""
     store, git = night.store, night.git
@@ -1015,7 +1035,7 @@ def _record(
         elapsed_s=time.perf_counter() - night.t0,
         changes_md=cp.markdown,
         sharded_note=sharded.note,
-        paired_note=paired_note,
+        paired_note=paired.note() if paired else "",
     )
     summary_rel = night.new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
@@ -1030,6 +1050,7 @@ def _record(
         "base": base_entry["sha"] if base_entry else None,
         "base_results": base_entry["results"] if base_entry else None,
         "asv": asv.ran and not asv.failed,
+        "paired_base": paired.base_sha if paired else None,
     }
     if sharded.doc is not None:
         entry["sharded_results"] = night.sharded_rel

@@ -27,7 +27,7 @@ from harness.spec import CellKey
 
 PAIRED_KEYS = (
     "enabled", "rounds", "max_rounds", "steps", "warmup", "processes", "max_processes", "compiles",
-    "process_spread", "threshold",
+    "process_spread", "threshold", "anchor_nights",
 )  # fmt: skip
 PAIR_FIELDS = ("base_sha", "new_sha", "paired_ratio", "paired_ci95", "paired")
 
@@ -46,6 +46,7 @@ class PairedConfig:
     compiles: int = 3
     process_spread: float = 0.05
     threshold: float = 0.02
+    anchor_nights: int = 7
 
     @staticmethod
     def from_section(sec: dict[str, Any], where: str) -> PairedConfig:

@@ -97,3 +97,38 @@ def test_bootstrap_is_seeded() -> None:
     rng = np.random.default_rng(0)
     a, b = list(rng.normal(10, 1, 30)), list(rng.normal(11, 1, 30))
     assert stats.bootstrap_median_ratio(a, b) == stats.bootstrap_median_ratio(a, b)
+
+
+def _paired(new: dict, lo: float, hi: float, stable: bool = True) -> dict:
+    """``new`` with its cell given a pair's figures (ratio is new time over base time)."""
+    cell = new["cells"][0]
+    cell.update(
+        base_sha="a" * 40, new_sha="b" * 40, paired_ratio=(lo + hi) / 2, paired_ci95=[lo, hi],
+        paired={"threshold": 0.02, "stable": stable, "verdict": "x", "base": {"ms": [5.0, 5.0], "compile_s": [10.0, 11.0, 12.0]},
+                "new": {"ms": [5.5, 5.5], "compile_s": [30.0, 31.0, 32.0]}},
+    )  # fmt: skip
+    return new
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "stable", "verdict"),
+    [(1.03, 1.06, True, "regression"), (1.01, 1.04, True, "no change"), (0.95, 0.97, True, "improvement"),
+     (1.03, 1.06, False, "unstable")],
+)  # fmt: skip
+def test_a_paired_cell_is_judged_by_its_interval_not_by_the_two_files(
+    lo: float, hi: float, stable: bool, verdict: str
+) -> None:
+    """The two files' samples are identical here: only the pair's interval can flag the cell."""
+    base, new = _pair(5.0, 5.0, 0)
+    rows = compare.compare_docs(base, _paired(new, lo, hi, stable))
+    row = next(r for r in rows if r.metric == "latency_ms")
+    assert row.verdict == verdict and row.ci == (lo, hi) and row.p_value is None
+    assert "| paired |" in compare.format_rows(rows)
+
+
+def test_a_paired_cell_s_compile_time_is_the_pair_s() -> None:
+    base, new = _pair(5.0, 5.0, 0, compile_s=10.0)
+    new["cells"][0]["compile_s"] = 10.0  # the files agree; the pair's compiles (11 -> 31 s) do not
+    rows = compare.compare_docs(base, _paired(new, 0.99, 1.01))
+    row = next(r for r in rows if r.metric == "compile_s")
+    assert (row.base, row.new, row.verdict) == (11.0, 31.0, "regression")
