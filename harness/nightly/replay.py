@@ -301,8 +301,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--noise", type=float, default=0.045, help="night-to-night noise, sd of the log (default 0.045)"
     )
-    p.add_argument("--noise-from", nargs=2, metavar=("A.json", "B.json"),
-                   help="measure the noise from two results files of the same grid instead")  # fmt: skip
+    p.add_argument("--noise-from", nargs="+", metavar="FILE",
+                   help="measure the noise from two results files of the same grid (A.json B.json) instead; or, "
+                        "one paired noise study (python -m harness.nightly.noise_study): also replay the paired policy at its noise")  # fmt: skip
     p.add_argument(
         "--config", help="nightly config whose 'alert' section is replayed (default: the repository's)"
     )
@@ -316,6 +317,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="also write the figures as JSON here")
     p.add_argument("--demo-history", metavar="FILE.jsonl",
                    help="instead: write a synthetic 40-night history with a 10%% step at night 26 (for `changes`)")  # fmt: skip
+
+
+def _paired_policy(path: str, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The paired policy replayed at the paired noise of a study file (``paired_replay``)."""
+    from harness.nightly import paired_replay
+    from harness.nightly.job import DEFAULT_CONFIG, load_config
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            study = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--noise-from {path}: cannot read the study ({e})") from None
+    if not isinstance(study, dict) or study.get("kind") != "optimus-bench-paired-noise":
+        raise ValueError(
+            f"--noise-from {path}: not a paired noise study (python -m harness.nightly.noise_study)"
+        )
+    cfg = load_config(args.config or DEFAULT_CONFIG)
+    pn = paired_replay.PairedNoise.from_study(study["summary"], cfg.paired.threshold)
+    pn = dataclasses.replace(pn, anchor_nights=cfg.paired.anchor_nights, reruns=args.reruns)
+    cells = len(study["config"]["cells"])
+    res = paired_replay.run(pn, args.series, args.nights, args.seed, cells)
+    return paired_replay.format_table(res, pn), {"noise": dataclasses.asdict(pn), **res}
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -357,7 +380,12 @@ def main_from_args(args: argparse.Namespace) -> int:
     }
     policy = dataclasses.replace(cfg.policy, **overrides).validate()
     night, source = args.noise, "--noise"
-    if args.noise_from:
+    paired_text, paired_res = "", None
+    if args.noise_from and len(args.noise_from) == 1:
+        paired_text, paired_res = _paired_policy(args.noise_from[0], args)
+    elif args.noise_from and len(args.noise_from) != 2:
+        raise ValueError(f"--noise-from: one study file or two results files, got {len(args.noise_from)}")
+    elif args.noise_from:
         night, n_cells = noise_from_results(
             results.load(args.noise_from[0]), results.load(args.noise_from[1])
         )
@@ -380,8 +408,12 @@ def main_from_args(args: argparse.Namespace) -> int:
           f"{elapsed:.0f} s")  # fmt: skip
     print()
     print(format_table(old, new, detector.name))
+    if paired_text:
+        print()
+        print(paired_text)
     if args.out:
         doc = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "noise": night,
-               "detector": repr(detector), "policy": repr(policy), "old": old, "new": new, "elapsed_s": elapsed}  # fmt: skip
+               "detector": repr(detector), "policy": repr(policy), "old": old, "new": new, "elapsed_s": elapsed,
+               "paired": paired_res}  # fmt: skip
         results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     return exit_codes.OK
