@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +25,27 @@ from harness.run import checkouts, pair_grid
 from harness.run.paired import PairOptions
 from harness.spec import CellKey
 
-PAIRED_KEYS = (
-    "enabled", "rounds", "max_rounds", "steps", "warmup", "processes", "max_processes", "compiles",
-    "process_spread", "threshold", "anchor_nights",
-)  # fmt: skip
+MEASURE_KEYS = (
+    "rounds",
+    "max_rounds",
+    "steps",
+    "warmup",
+    "processes",
+    "max_processes",
+    "compiles",
+    "process_spread",
+)
+PAIRED_KEYS = ("enabled", *MEASURE_KEYS, "threshold", "anchor_nights")
 PAIR_FIELDS = ("base_sha", "new_sha", "paired_ratio", "paired_ci95", "paired")
 
 
 @dataclass(frozen=True)
 class PairedConfig:
-    """The ``paired`` section of the nightly config."""
+    """The ``paired`` section of the nightly config: how a pair is measured (``PairOptions``'
+    fields), the threshold of its verdict and how long an anchor stays."""
 
     enabled: bool = True
-    rounds: int = 15
-    max_rounds: int = 45
-    steps: int = 5
-    warmup: int = 3
-    processes: int = 2
-    max_processes: int = 4
-    compiles: int = 3
-    process_spread: float = 0.05
+    measure: PairOptions = field(default_factory=PairOptions)
     threshold: float = 0.02
     anchor_nights: int = 7
 
@@ -53,26 +54,23 @@ class PairedConfig:
         bad = sorted(set(sec) - set(PAIRED_KEYS))
         if bad:
             raise ValueError(f"{where}: unknown field(s) {bad}; allowed: {', '.join(PAIRED_KEYS)}")
-        cfg = PairedConfig(**sec)
-        for name in PAIRED_KEYS[1:]:
-            v = getattr(cfg, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        for name, v in sec.items():
+            if name != "enabled" and (
+                isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
+            ):
                 raise ValueError(f"{where}.{name}: must be a number >= 0, got {v!r}")
-        if not isinstance(cfg.enabled, bool):
-            raise ValueError(f"{where}.enabled: must be true or false, got {cfg.enabled!r}")
+        if not isinstance(sec.get("enabled", True), bool):
+            raise ValueError(f"{where}.enabled: must be true or false, got {sec['enabled']!r}")
+        measure = PairOptions(**{k: sec[k] for k in MEASURE_KEYS if k in sec})
         try:
-            cfg.options("cpu", 1, "models:build", 0).check()
+            measure.check()
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        return cfg
+        rest = {k: sec[k] for k in ("enabled", "threshold", "anchor_nights") if k in sec}
+        return PairedConfig(measure=measure, **rest)
 
     def options(self, device: str, threads: int, provider: str, seed: int) -> PairOptions:
-        return PairOptions(
-            rounds=int(self.rounds), max_rounds=int(self.max_rounds), steps=int(self.steps),
-            warmup=int(self.warmup), processes=int(self.processes), max_processes=int(self.max_processes),
-            compiles=int(self.compiles), process_spread=float(self.process_spread), device=device,
-            seed=seed, threads=threads, provider=provider,
-        )  # fmt: skip
+        return replace(self.measure, device=device, threads=threads, provider=provider, seed=seed)
 
 
 def pair_cells(

@@ -236,21 +236,11 @@ def summarize_rounds(base: Sequence[Sequence[float]], new: Sequence[Sequence[flo
 
 
 def run_pair(
-    cell: tuple[str, str, str],
-    sides: tuple[SideSpec, SideSpec],
-    opt: PairOptions,
-    *,
-    log: Callable[[str], None] = print,
-    close: Callable[[Any, Any], tuple[bool, float]] | None = None,
-    undecided: Callable[[dict[str, Any]], bool] | None = None,
-    max_rounds: int = 0,
+    cell: tuple[str, str, str], sides: tuple[SideSpec, SideSpec], opt: PairOptions, **kw: Any
 ) -> dict[str, Any]:
-    """Measure ``cell`` (model, scale, phase) on both sides; raises WorkerError naming the side
-    when a worker crashes, hangs or fails. ``close(base_out, new_out)`` -> (ok, max abs err) is
-    the parity check of the first outputs (None: parity not checked). While ``undecided(figures)``
-    holds, the same workers time ``rounds`` more rounds, up to ``max_rounds`` in all: an interval
-    that straddles the threshold narrows with more rounds, without new compiles."""
-    m = measure_sides(cell, sides, opt, log=log, close=close, undecided=undecided, max_rounds=max_rounds)
+    """``measure_sides`` for a base and a new side, its figures flattened: the ratio, interval,
+    spreads and verdict inputs of new against base, and each side's record."""
+    m = measure_sides(cell, sides, opt, **kw)
     fig = m["figures"][0]
     return {
         **fig,
@@ -275,8 +265,13 @@ def measure_sides(
     undecided: Callable[[dict[str, Any]], bool] | None = None,
     max_rounds: int = 0,
 ) -> dict[str, Any]:
-    """``run_pair`` for two or more sides: side 0 is the base, and every other side gets its
-    figures against it (``figures[j - 1]``, ``parity[j - 1]``), from the same rounds."""
+    """Measure ``cell`` (model, scale, phase) on two or more sides: side 0 is the base, and every
+    other side gets its figures against it (``figures[j - 1]``, ``parity[j - 1]``), from the same
+    rounds. Raises WorkerError naming the side when a worker crashes, hangs or fails.
+    ``close(base_out, out)`` -> (ok, max abs err) is the parity check of the first outputs (None:
+    parity not checked). While ``undecided(figures)`` holds for a side, the same workers time
+    ``rounds`` more rounds, up to ``max_rounds`` in all: an interval that straddles the threshold
+    narrows with more rounds, without new compiles."""
     opt.check()
     if len(sides) < 2:
         raise ValueError(f"sides: need two or more, got {len(sides)}")

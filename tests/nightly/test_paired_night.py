@@ -48,7 +48,7 @@ def test_a_night_that_regressed_is_not_counted_and_a_missing_anchor_falls_back()
 
 def test_the_repository_config_has_a_paired_section() -> None:
     cfg = job.load_config(ROOT / "benchmarks" / "nightly_thresholds.json")
-    assert cfg.paired.enabled and cfg.paired.processes >= 2 and cfg.paired.compiles >= 3
+    assert cfg.paired.enabled and cfg.paired.measure.processes >= 2 and cfg.paired.measure.compiles >= 3
 
 
 @pytest.mark.parametrize(
