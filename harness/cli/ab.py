@@ -1,5 +1,5 @@
-"""`optimus-bench ab`: two or more modes of one model timed side by side in one process,
-interleaved round by round (``harness.run.interleaved``)."""
+"""`optimus-bench ab`: two or more modes of one model timed side by side, each in worker processes
+of its own, interleaved round by round (``harness.run.interleaved``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.outputs import check_output_file
 from harness.spec import load_provider, resolve_device
 
 NAME = "ab"
-HELP = "time two or more modes of one model side by side in one process, interleaved round by round"
+HELP = "time two or more modes of one model side by side, in worker processes, interleaved round by round"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=5, help="steps per mode per round (default: 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (default: 3)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="worker processes per mode; 2 or more also report the spread between a mode's processes (default: 1)")  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default (default: 1)")
@@ -50,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
         check_output_file(args.out)  # before measuring: the measurement takes minutes
     doc = interleaved.run_ab(
         args.model, args.scale, args.phase, names,
-        rounds=args.rounds, steps=args.steps, warmup=args.warmup, device=resolve_device(args.device),
+        rounds=args.rounds, steps=args.steps, warmup=args.warmup, processes=args.processes,
+        device=resolve_device(args.device),
         seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
         log=lambda msg: print(msg, file=sys.stderr, flush=True),
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""Side-by-side timing in one process: the modes of one model take turns, round by round.
+"""Side-by-side timing: the modes of one model take turns, round by round (``ab``), and the
+builder of one mode's contender that every side-by-side measurement uses.
 
 WHY: ``run`` and ``reproduce`` time each cell in a process of its own, one after another. On a
 shared or virtualised machine the load drifts over minutes, and a ratio of two cells timed ten
@@ -6,10 +7,9 @@ minutes apart carries that drift: with the same towers inference code, towers me
 compile+optimus read 1.39x of compile in one ``reproduce`` and 1.17x in another (docs/perf.md).
 Here every round times each mode for a few steps in turn (the order reversed every other round), so a drift hits
 all modes alike, and each round gives a paired ratio against the first mode. The verdict is the
-median of those ratios with a bootstrap interval.
-
-What it is not: peak memory is not measured, and compile time here is the first call in a
-process where other modes already compiled (recorded, but not comparable to a ``run`` cell's).
+median of those ratios with a bootstrap interval. Each mode runs in worker processes of its own
+(``harness.run.paired``, the protocol of ``pair``): one timing core for modes and for commits.
+``contender`` is what a worker builds (``pair_worker.py`` asks every checkout for it).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 
 from harness import stats
 from harness.env import collect_env
-from harness.measure.timing import Contender, interleave
-from harness.modes import builtin, mode_registry
+from harness.measure.timing import Contender
+from harness.modes import mode_registry
 from harness.run import cell as cell_mod
 from harness.spec import PHASES
 
@@ -94,6 +94,7 @@ def run_ab(
     rounds: int = 15,
     steps: int = 5,
     warmup: int = 3,
+    processes: int = 1,
     device: str = "cpu",
     seed: int = 0,
     threads: int = 1,
@@ -102,40 +103,45 @@ def run_ab(
     provider: str,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Prepare every mode, check each first output against the first mode's, then interleave."""
+    """Every mode in ``processes`` worker processes of this checkout, the first outputs checked
+    against the first mode's, then alternating rounds: the protocol of ``pair``
+    (``harness.run.paired.measure_sides``), one side per mode."""
+    from harness.run.paired import PairOptions, SideSpec, measure_sides
+    from harness.run.paired_modes import this_checkout
+
     _check(mode_names, mode_registry.names(), "modes")
     _check([phase], PHASES, "phase")
     if len(mode_names) < 2 or len(set(mode_names)) != len(mode_names):
         raise ValueError(f"modes: need two or more distinct modes, got {list(mode_names)}")
-    for name, v in (("rounds", rounds), ("steps", steps)):
-        if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
-    if warmup < 0:
-        raise ValueError(f"warmup: must be >= 0, got {warmup}")
-    builtin.disable_compile_caches()
-    import torch
+    opt = PairOptions(rounds=rounds, max_rounds=rounds, steps=steps, warmup=warmup, processes=processes,
+                      max_processes=processes, compiles=1, device=device, seed=seed, threads=threads,
+                      atol=atol, rtol=rtol, provider=provider)  # fmt: skip
+    opt.check()
+    here = this_checkout()
 
-    if threads:
-        torch.set_num_threads(threads)
-    contenders = []
-    for mode in mode_names:
-        log(f"[ab] {model}/{scale}/{phase}: preparing {mode} ...")
-        contenders.append(contender(model, scale, mode, phase, device=device, seed=seed, provider=provider))
-        log(f"[ab]   first call {contenders[-1].first_call_s:.1f} s")
-    ref = contenders[0].first_out
-    parity = {}
-    for c in contenders[1:]:
-        ok = c.first_out.shape == ref.shape and cell_mod.close(ref, c.first_out, atol, rtol)
-        parity[c.mode] = {"ok": bool(ok), "max_abs_err": cell_mod.max_err(ref, c.first_out) if ok else None}
-    sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    samples = interleave(
-        contenders, rounds, steps, warmup, sync, progress=lambda r: log(f"[ab]   round {r}/{rounds}")
-    )
-    rows = summarize(samples, mode_names[0])
-    for c in contenders:
-        rows[c.mode]["first_call_s"] = c.first_call_s
-        if c.mode in parity:
-            rows[c.mode]["parity_vs_base"] = parity[c.mode]
+    def close(a: Any, b: Any) -> tuple[bool, float]:
+        ok = getattr(a, "shape", None) == getattr(b, "shape", None) and cell_mod.close(a, b, atol, rtol)
+        return ok, cell_mod.max_err(a, b) if ok else float("nan")
+
+    m = measure_sides((model, scale, phase), [SideSpec(mode, here, mode) for mode in mode_names], opt,
+                      log=lambda msg: log(msg.replace("[pair]", "[ab]")), close=close)  # fmt: skip
+    rows: dict[str, Any] = {}
+    for i, (mode, side) in enumerate(zip(mode_names, m["sides"], strict=True)):
+        x = np.asarray(side["ms"], dtype=float)
+        q1, med, q3 = (float(v) for v in np.percentile(x, [25, 50, 75]))
+        row: dict[str, Any] = {"median_ms": med, "iqr_ms": q3 - q1, "rounds_ms": [float(v) for v in x],
+                               "first_call_s": side["compile_s"][0], "worker_ms": side["worker_ms"]}  # fmt: skip
+        if i:
+            fig, par = m["figures"][i - 1], m["parity"][i - 1]
+            lo, hi = fig["ci95"]  # of the mode's time over the base's: a speedup is its inverse
+            row["speedup_vs_base"] = 1.0 / fig["ratio"]
+            row["speedup_ci95"] = (1.0 / hi, 1.0 / lo)
+            row["process_spread"] = fig["process_spread"]["new"]
+            row["parity_vs_base"] = {
+                "ok": par["ok"],
+                "max_abs_err": par["max_abs_err"] if par["ok"] else None,
+            }
+        rows[mode] = row
     return {
         "kind": "optimus-bench-ab",
         "env": collect_env(device),
@@ -147,6 +153,7 @@ def run_ab(
             "rounds": rounds,
             "steps": steps,
             "warmup": warmup,
+            "processes": m["processes"],
             "device": device,
             "seed": seed,
             "threads": threads,
@@ -163,7 +170,7 @@ def format_ab(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [
         f"{doc['model']}/{doc['scale']}/{doc['phase']}, {cfg['rounds']} rounds x {cfg['steps']} steps, "
-        f"interleaved in one process; speedup = {base} ms / mode ms, per round",
+        f"{cfg.get('processes', 1)} worker process(es) per mode, interleaved; speedup = {base} ms / mode ms, per round",
         "",
         f"| mode | median ms (IQR) | speedup vs {base} (95% CI) | first call s | parity vs {base} |",
         "| --- | --- | --- | --- | --- |",
