@@ -12,7 +12,7 @@ from typing import Any
 from harness import metric_registry
 from harness.measure import limit
 from harness.modes import mode_registry
-from harness.report import paper, plots, summaries
+from harness.report import paper, plots, quality, summaries
 from harness.spec import PHASES, CellKey
 from harness.store.results import cell_map
 
@@ -125,9 +125,11 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     from harness.report.sharded_section import section as sharded_section
 
     sharded = sharded_section(doc)
+    trained = quality.section(doc)
     limit_table = limit.format_table(doc)
     dashboard = summaries.section(doc)
     parts += [
+        *([trained] if trained else []),
         *([dashboard] if dashboard else []),
         *([sharded] if sharded else []),
         *(["## The limit: an ideal rewrite on this device\n", limit_table, ""] if limit_table else []),
@@ -156,6 +158,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
     images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
     if any(c.get("floor_ms") for c in doc["cells"]):
         images.append(plots.plot_floor(doc, out / f"{stem}_floor.png"))
+    if quality.quality_cells(doc):
+        images.insert(0, quality.plot(doc, out / f"{stem}_quality.png"))
     rows = paper.paper_rows(doc)
     if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
         images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))

@@ -95,6 +95,7 @@ def train_seed(
     eager = b.module
     _load_weights(targets, eager)
     start = {n: p.detach().clone() for n, p in _params(eager).items()}
+    start_tasks, _ = _heldout_scores(b, eager, held)  # untrained: how far training lifts AUC
     module.train()
     eager.train()
     forward = cellmod.forward_fn(b, True)
@@ -126,6 +127,7 @@ def train_seed(
         logloss=ll,
         eager_auc=quality.mean_auc(eager_tasks),
         eager_logloss=eager_ll,
+        eager_auc_start=quality.mean_auc(start_tasks),
         drift=drift["drift"],
         drift_rel=drift["drift_rel"],
         drift_param=drift["drift_param"],

@@ -116,6 +116,7 @@ class Quality(BaseModel):
     reasons: list[str]
     auc: float | None
     eager_auc: float | None
+    eager_auc_start: float | None = Field(default=None, description="eager's held-out AUC before training")
     logloss: float
     eager_logloss: float
     auc_diff: float | None = Field(description="largest |AUC - eager's| over seeds")
@@ -151,7 +152,9 @@ class CellRecord(BaseModel):
     nodes_before: int | None = Field(description="FX nodes of the dense arch before Optimus")
     nodes_after: int | None = Field(description="FX nodes after Optimus")
     max_abs_err: float | None = Field(description="largest output difference from eager")
-    quality: Quality | None = Field(default=None, description="a training-quality run's figures (run --quality)")
+    quality: Quality | None = Field(
+        default=None, description="a training-quality run's figures (run --quality)"
+    )
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 
