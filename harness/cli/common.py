@@ -7,6 +7,7 @@ import argparse
 import math
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from harness.modes import mode_registry
 from harness.spec import (
@@ -136,7 +137,7 @@ def config_of(args: argparse.Namespace) -> RunConfig:
     ).validate()
 
 
-def quality_options(args: argparse.Namespace) -> dict[str, object]:
+def quality_options(args: argparse.Namespace) -> dict[str, Any]:
     """The quality run's fields of ``RunConfig`` from ``run``'s options (none from other commands).
     A quality run trains, so its phases default to train; any other phase is refused by validate."""
     steps = getattr(args, "quality", 0)

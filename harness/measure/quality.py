@@ -166,10 +166,10 @@ def judge(
         if not math.isfinite(s.logloss) or s.logloss_rel_diff > logloss_rtol:
             reasons.append(f"seed {s.seed}: logloss {s.logloss:.5f} vs eager {s.eager_logloss:.5f} "
                            f"(relative diff {s.logloss_rel_diff:.2e} > {logloss_rtol:g})")  # fmt: skip
-        if s.drift_rel is not None and s.drift_rel > drift_rtol:
-            reasons.append(f"seed {s.seed}: parameter drift {s.drift:.2e} in {s.drift_param} is "
-                           f"{s.drift_rel:.2e} of eager's largest move (> {drift_rtol:g})")  # fmt: skip
     within_tolerance = not reasons
+    drifted = [s for s in seeds if s.drift_rel is not None and s.drift_rel > drift_rtol]
+    reasons += [f"seed {s.seed}: parameter drift {s.drift:.2e} in {s.drift_param} is {s.drift_rel:.2e} of "
+                f"eager's largest move (> {drift_rtol:g})" for s in drifted]  # fmt: skip
     aucs = [s.auc for s in seeds if s.auc is not None]
     eager_aucs = [s.eager_auc for s in seeds if s.eager_auc is not None]
     lls, eager_lls = [s.logloss for s in seeds], [s.eager_logloss for s in seeds]
@@ -201,6 +201,7 @@ def judge(
         "spread_auc": spread_auc,
         "spread_logloss": spread_ll,
         "within_tolerance": within_tolerance,
+        "within_drift": not drifted,
         "within_spread": within_spread,
         "drift": max(s.drift for s in seeds),
         "drift_rel": max(rels) if rels else None,
