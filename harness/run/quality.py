@@ -53,14 +53,19 @@ def _load_weights(targets: dict[str, Any], source: Any) -> None:
 
 
 def _heldout_scores(b: Any, module: Any, batches: list[Any]) -> tuple[list[float | None], float]:
-    """(AUC per task, logloss) of ``module`` on the held-out batches, in eval mode."""
+    """(AUC per task, logloss) of ``module`` on the held-out batches, scored with the forward it
+    trained with: train mode, grad enabled, the autograd graph dropped with each batch. Why not
+    eval mode under ``no_grad``: it is another graph for a compiled mode (one more compile per
+    cell), and switching compile+optimus to eval re-captures the Optimus module inside
+    ``torch.compile(fullgraph=True)``, which fails (Dynamo refuses the re-capture's
+    ``torch.compiler.disable``'d ``_sync_relayout``; found by the first quality run). The families
+    have no dropout or batch norm, so both forwards compute the same; a provider's model with
+    dropout would be scored with it on."""
     import torch
 
-    module.eval()
-    with torch.no_grad():
-        logits = torch.cat([module(*batch.inputs).float() for batch in batches])
+    with torch.enable_grad():
+        logits = torch.cat([module(*batch.inputs).detach().float() for batch in batches])
     labels = torch.cat([batch.labels for batch in batches])
-    module.train()
     return quality.auc_per_task(logits, labels), quality.logloss(logits, labels)
 
 
