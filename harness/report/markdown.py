@@ -103,13 +103,22 @@ def peaks_text(peaks: dict[str, Any] | None) -> str:
     )
 
 
+def shown(doc: dict[str, Any], m: metric_registry.Metric) -> bool:
+    """Whether the report shows ``m``: always, except where no cell can have it: a metric marked
+    ``report_if_present`` that no cell has, and in a quality run (``run --quality``, which
+    measures no peak memory) a metric that no cell has."""
+    if m.report_if_present:
+        return any(c.get(m.name) for c in doc["cells"])
+    if doc["config"].get("quality_steps"):
+        return any(c.get(m.name) is not None for c in doc["cells"])
+    return True
+
+
 def metric_grids(doc: dict[str, Any]) -> list[str]:
     """One grid per metric of the registry that has a report title, in registry order."""
     out = []
     for m in metric_registry.metrics():
-        if m.report_title is None:
-            continue
-        if m.report_if_present and not any(c.get(m.name) for c in doc["cells"]):
+        if m.report_title is None or not shown(doc, m):
             continue
         unit, scale = m.display_unit(doc["cells"])
         out.append(grid(doc, m.name, m.report_title.format(unit=unit), scale))
@@ -154,7 +163,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
     out.mkdir(parents=True, exist_ok=True)
     if not doc["cells"]:
         raise ValueError("results: no cells to report")
-    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem), key=lambda m: m.plot_rank)
+    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem and shown(doc, m)),
+                     key=lambda m: m.plot_rank)  # fmt: skip
     images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
     if any(c.get("floor_ms") for c in doc["cells"]):
         images.append(plots.plot_floor(doc, out / f"{stem}_floor.png"))
