@@ -92,7 +92,8 @@ def test_run_quality_report_and_compare(tmp_path: Path) -> None:
     assert rep.returncode == 0, rep.stderr[-2000:]
     md = (tmp_path / "rep" / "q.md").read_text()
     assert "## Training quality" in md and "| towers/tiny | eager |" in md
-    assert "Peak memory" not in md  # a quality run measures none: no empty grid or plot
+    assert "Peak memory of one step" not in md  # a quality run measures none: no empty grid or plot
+    assert not (tmp_path / "rep" / "q_peak_memory.png").exists()
     assert (tmp_path / "rep" / "q_quality.png").stat().st_size > 10_000
 
     assert _cli("compare", str(out), str(out)).returncode == 0
