@@ -60,6 +60,19 @@ def failures(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _timing_text(cfg: dict[str, Any]) -> str:
+    if cfg.get("quality_steps"):
+        return (
+            f"- training quality: {cfg['quality_steps']} SGD steps (lr {cfg.get('quality_lr')}) x "
+            f"{cfg.get('quality_seeds')} seeds per cell beside an eager copy; latency = the mode's training steps "
+            f"(the first call left out), taken in turns with the eager copy's; cell timeout {cfg.get('timeout_s')} s\n"
+        )
+    return (
+        f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
+        f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+    )
+
+
 def env_text(doc: dict[str, Any]) -> str:
     env, cfg = doc["env"], doc["config"]
     git = env.get("git") or {}
@@ -71,9 +84,7 @@ def env_text(doc: dict[str, Any]) -> str:
             f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
             f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
             f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
-            f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
-            f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
-            f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+            f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n" + _timing_text(cfg)
         )
         + (
             f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
@@ -126,7 +137,10 @@ def metric_grids(doc: dict[str, Any]) -> list[str]:
 
 
 def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
-    rows = paper.paper_rows(doc)
+    # A quality run's step times are taken in turns with an eager copy's, not timed as a cell
+    # times them: no speedup table or dashboard is read from them.
+    timed = not doc["config"].get("quality_steps")
+    rows = paper.paper_rows(doc) if timed else []
     parts = [f"# {title}\n", env_text(doc)]
     if any(r.get(f"{mode_registry.TARGET} status") for r in rows):
         against = " and ".join(mode_registry.BASELINES)
@@ -136,7 +150,7 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     sharded = sharded_section(doc)
     trained = quality.section(doc)
     limit_table = limit.format_table(doc)
-    dashboard = summaries.section(doc)
+    dashboard = summaries.section(doc) if timed else ""
     parts += [
         *([trained] if trained else []),
         *([dashboard] if dashboard else []),
@@ -170,7 +184,7 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
         images.append(plots.plot_floor(doc, out / f"{stem}_floor.png"))
     if quality.quality_cells(doc):
         images.insert(0, quality.plot(doc, out / f"{stem}_quality.png"))
-    rows = paper.paper_rows(doc)
+    rows = paper.paper_rows(doc) if not doc["config"].get("quality_steps") else []
     if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
         images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))
         images.append(plots.plot_changes(rows, out / f"{stem}_changes.png"))

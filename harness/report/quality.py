@@ -81,7 +81,8 @@ def _mean_curve(seeds: list[dict[str, Any]], key: str) -> tuple[list[float], lis
 def plot(doc: dict[str, Any], path: Path) -> Path:
     """Per model: the training loss of every mode (mean over seeds, one point per window of
     ``every`` steps) drawn over eager's (wide and grey, underneath), and below it each mode's loss
-    minus its eager copy's (symlog: a mode on eager's line reads 0)."""
+    minus its eager copy's (a mode on eager's line reads 0; modes that train alike draw over each
+    other, the last in registry order on top)."""
     cells = quality_cells(doc)
     models = list(dict.fromkeys((c["model"], c["scale"]) for c in cells))
     fig, axes = plt.subplots(2, max(1, len(models)), figsize=(4.4 * max(1, len(models)) + 0.6, 7.4),
@@ -107,7 +108,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
         top.grid(alpha=0.3)
         top.legend(fontsize=7)
         bottom.axhline(0.0, color="black", linewidth=0.8)
-        bottom.set_yscale("symlog", linthresh=1e-6)
+        bottom.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
         bottom.set_xlabel("step")
         bottom.set_ylabel("loss minus eager's")
         bottom.grid(alpha=0.3)
