@@ -127,3 +127,15 @@ def test_bad_quality_options_are_refused(
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_mode_that_misses_the_seeds_weights_is_a_mismatch() -> None:
+    """A mode computing with its own copy of the arch never sees the weights copied in for seed 1:
+    its first step differs from eager's, and the cell says so instead of reporting figures."""
+    import copy
+
+    cell = run_quality_cell(_spec("eager", steps=5, seeds=2),
+                            prepare=lambda dense, example: builtin.Prepared(copy.deepcopy(dense)))  # fmt: skip
+    assert cell["status"] == "mismatch"
+    assert cell["error"].startswith("seed 1: first training step differs from eager")
+    assert "quality" not in cell  # no figures of a model that trained from other weights
