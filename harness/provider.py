@@ -28,6 +28,7 @@ exits with exit_codes.BAD_INPUT).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -69,6 +70,13 @@ def load(spec: str) -> Callable[..., Any]:
             f"provider {spec!r}: {mod.__name__}.{name} is a {type(fn).__name__}, not callable"
         )
     return fn
+
+
+def accepts_overrides(builder: Callable[..., Any]) -> bool:
+    """Whether a builder takes ``overrides=`` (config fields replaced, as ``models.build``): a
+    training-quality run asks it for ``num_batches``, its training steps plus held-out batches."""
+    params = inspect.signature(builder).parameters
+    return "overrides" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def families(spec: str) -> tuple[str, ...]:

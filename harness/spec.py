@@ -16,7 +16,9 @@ from harness.modes import mode_registry
 
 PHASES: tuple[str, ...] = ("infer", "train")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
-STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch")
+# quality_mismatch: a quality run's mode trained to another held-out quality than eager
+# (harness/measure/quality.py); like every status but ok, the gate counts it as lost data.
+STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch", "quality_mismatch")
 DEFAULT_PROVIDER = "models:build"
 # How a sharded cell (``--nproc`` > 1) splits its tables; "auto": torchrec's planner chooses.
 SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
@@ -102,6 +104,13 @@ class RunConfig:
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
     limit: bool = False  # the compile cells also measure the limit (harness/measure/limit.py)
     memory_margin: float | None = None  # the Optimus modes' OptimusConfig.memory_margin; None: its default
+    # > 0: a training-quality run (harness/run/quality.py): each cell trains this many steps per seed
+    # instead of timing, over ``quality_seeds`` seeds from ``seed`` on, and is judged against eager.
+    quality_steps: int = 0
+    quality_seeds: int = 3
+    quality_every: int = 10  # the loss curve: mean training loss per window of this many steps
+    quality_heldout: int = 128  # held-out batches after the training ones
+    quality_lr: float = 0.5  # SGD learning rate of the mode and of eager
 
     def validate(self, check_models: bool = True) -> RunConfig:
         """Check every field; raise ValueError naming the field and the allowed values."""
@@ -135,6 +144,7 @@ class RunConfig:
             isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
         ):
             raise ValueError(f"memory_margin: must be a finite number >= 0, got {v!r}")
+        self._validate_quality(check_models)
         if check_models:
             families = provider_families(self.provider)
             self.models = parse_list(self.models, "models", families) if families else list(self.models)
@@ -142,6 +152,33 @@ class RunConfig:
             if self.scale not in scales:
                 raise ValueError(f"scale: unknown {self.scale!r}; allowed values: {', '.join(scales)}")
         return self
+
+    def _validate_quality(self, check_provider: bool) -> None:
+        for name, low in (
+            ("quality_steps", 0),
+            ("quality_seeds", 1),
+            ("quality_every", 1),
+            ("quality_heldout", 1),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+        v = self.quality_lr
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"quality_lr: must be a finite number > 0, got {v!r}")
+        if not self.quality_steps:
+            return
+        if self.phases != ["train"]:
+            raise ValueError(
+                f"phases: a quality run trains, so its phases are train only, got {','.join(self.phases)}"
+            )
+        if self.nproc != 1:
+            raise ValueError("nproc: a quality run is single-process (sharded quality cells are not built)")
+        if check_provider and not provider.accepts_overrides(provider.load(self.provider)):
+            raise ValueError(
+                f"provider: {self.provider} takes no overrides=; a quality run asks the builder for "
+                "overrides={'num_batches': steps + held-out batches} (as models.build does)"
+            )
 
     def cells(self) -> list[CellKey]:
         """Cells in run order: per model and phase, all modes back to back (less drift between them)."""

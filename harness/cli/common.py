@@ -7,6 +7,7 @@ import argparse
 import math
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from harness.modes import mode_registry
 from harness.spec import (
@@ -110,6 +111,7 @@ def config_of(args: argparse.Namespace) -> RunConfig:
         raise ValueError("models: empty (--models ''); name at least one family, or omit --models for all")
     if not models:
         raise ValueError(f"models: none given and provider {args.provider!r} lists no FAMILIES")
+    quality = quality_options(args)  # before the phases are read: a quality run's default is train
     return RunConfig(
         models=models.split(","),
         scale=args.scale,
@@ -131,7 +133,25 @@ def config_of(args: argparse.Namespace) -> RunConfig:
         pg_timeout_s=getattr(args, "pg_timeout_s", 120.0),
         limit=bool(getattr(args, "limit", False)),
         memory_margin=getattr(args, "memory_margin", None),
+        **quality,
     ).validate()
+
+
+def quality_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The quality run's fields of ``RunConfig`` from ``run``'s options (none from other commands).
+    A quality run trains, so its phases default to train; any other phase is refused by validate."""
+    steps = getattr(args, "quality", 0)
+    if not steps:
+        return {}
+    if args.phases == ",".join(PHASES):  # not given: the default of a timing run
+        args.phases = "train"
+    return {
+        "quality_steps": steps,
+        "quality_seeds": args.quality_seeds,
+        "quality_every": args.quality_every,
+        "quality_heldout": args.quality_heldout,
+        "quality_lr": args.quality_lr,
+    }
 
 
 def print_summary(doc: dict, out: str) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from harness import exit_codes
-from harness.cli.common import add_run_options, config_of, print_summary
+from harness.cli.common import add_run_options, config_of, finite_float, print_summary
 from harness.outputs import check_output_file
 from harness.spec import RunConfig
 
@@ -17,6 +17,19 @@ HELP = "run models x modes x phases, one subprocess per cell, into one results f
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_options(p, models=None, scale="tiny", budget_s=2.0, max_iters=200, warmup=3, min_iters=5,
                     timeout_s=900.0, out="results/run.json")  # fmt: skip
+    q = p.add_argument_group("training quality (docs/harness.md, 'Training quality')")
+    q.add_argument("--quality", type=int, default=0, metavar="STEPS",
+                   help="train each mode and an eager copy STEPS steps per seed (same weights, batches and SGD) "
+                        "instead of timing; judge held-out AUC and logloss against eager (quality_mismatch); "
+                        "phases: train")  # fmt: skip
+    q.add_argument("--quality-seeds", type=int, default=3, metavar="N",
+                   help="with --quality: seeds --seed .. --seed+N-1 (default: 3)")  # fmt: skip
+    q.add_argument("--quality-every", type=int, default=10, metavar="K",
+                   help="with --quality: one loss-curve point per K steps, their mean loss (default: 10)")  # fmt: skip
+    q.add_argument("--quality-heldout", type=int, default=128, metavar="BATCHES",
+                   help="with --quality: held-out batches after the training ones (default: 128)")  # fmt: skip
+    q.add_argument("--quality-lr", type=finite_float, default=0.5, metavar="LR",
+                   help="with --quality: SGD learning rate (default: 0.5)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:

@@ -70,6 +70,20 @@ SUITE_KEYS = ("models", "scale", "modes", "phases", "warmup", "min_iters", "max_
               "timeout_s", "threads")  # fmt: skip
 # The optional "sharded" section: a second, small suite whose cells are torchrun jobs (docs/sharded.md).
 SHARDED_KEYS = (*SUITE_KEYS, "nproc", "sharding", "pg_timeout_s")
+# The optional "quality" section: the training-quality gate (harness/run/quality.py) on one family per
+# night, in turn (``families``), every mode in ``modes``.
+QUALITY_KEYS = (
+    "families",
+    "scale",
+    "modes",
+    "steps",
+    "seeds",
+    "every",
+    "heldout",
+    "lr",
+    "timeout_s",
+    "threads",
+)
 # asv figures derived from the compiled harness cells: (family, scale, phase) params.
 CELL_BENCH_PREFIX = "bench_compiled."
 
@@ -93,6 +107,7 @@ class NightlyConfig:
     changes: ChangeConfig = field(default_factory=ChangeConfig)
     sharded: dict[str, Any] | None = None  # the sharded suite (nproc > 1), or None
     paired: PairedConfig = field(default_factory=PairedConfig)
+    quality: dict[str, Any] | None = None  # the training-quality gate, one family a night, or None
 
 
 def _section(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -119,7 +134,9 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         raise ValueError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{p}: top level must be an object")
-    _check_keys(doc, ("_doc", "suite", "sharded", "paired", "harness", "asv", "rerun", "alert"), str(p))
+    _check_keys(
+        doc, ("_doc", "suite", "sharded", "paired", "quality", "harness", "asv", "rerun", "alert"), str(p)
+    )
     suite = _section(doc, "suite", p)
     _check_keys(suite, SUITE_KEYS, f"{p}: suite")
     sharded = _section(doc, "sharded", p) if "sharded" in doc else None
@@ -128,6 +145,12 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         if not (isinstance(sharded.get("nproc"), int) and not isinstance(sharded["nproc"], bool)
                 and sharded["nproc"] >= 2):  # fmt: skip
             raise ValueError(f"{p}: sharded.nproc must be an integer >= 2, got {sharded.get('nproc')!r}")
+    quality = _section(doc, "quality", p) if "quality" in doc else None
+    if quality is not None:
+        _check_keys(quality, QUALITY_KEYS, f"{p}: quality")
+        fams = quality.get("families")
+        if not (isinstance(fams, list) and fams and all(isinstance(f, str) and f for f in fams)):
+            raise ValueError(f"{p}: quality.families must be a non-empty list of family names, got {fams!r}")
     th_doc = _section(doc, "harness", p)
     th_fields = compare.Thresholds.keys()
     _check_keys(th_doc, th_fields, f"{p}: harness")
@@ -163,6 +186,7 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> NightlyConfig:
         changes=config_from(_section(doc, "alert", p), f"{p}: alert"),
         sharded=dict(sharded) if sharded is not None else None,
         paired=PairedConfig.from_section(_section(doc, "paired", p), f"{p}: paired"),
+        quality=dict(quality) if quality is not None else None,
     )
 
 
@@ -172,6 +196,24 @@ def run_config(suite: dict[str, Any], provider: str, device: str) -> RunConfig:
     for name in ("models", "modes", "phases"):
         if isinstance(kw.get(name), str):
             kw[name] = kw[name].split(",")
+    return RunConfig(provider=provider, device=device, **kw).validate()
+
+
+def quality_run_config(section: dict[str, Any], provider: str, device: str, night: int) -> RunConfig:
+    """The quality gate's RunConfig for night number ``night`` (0, 1, ...): the family whose turn
+    it is (``families[night % len(families)]``), every mode of ``modes``, phase train. Why one
+    family a night: a quality cell trains for minutes (docs/harness.md, 'Training quality'), so the
+    families take turns and each is judged every len(families) nights."""
+    fams = list(section["families"])
+    kw: dict[str, Any] = {"models": [fams[night % len(fams)]], "phases": ["train"]}
+    for key, field_name in (("scale", "scale"), ("timeout_s", "timeout_s"), ("threads", "threads"),
+                            ("steps", "quality_steps"), ("seeds", "quality_seeds"), ("every", "quality_every"),
+                            ("heldout", "quality_heldout"), ("lr", "quality_lr")):  # fmt: skip
+        if key in section:
+            kw[field_name] = section[key]
+    if "modes" in section:
+        kw["modes"] = section["modes"].split(",") if isinstance(section["modes"], str) else section["modes"]
+    kw.setdefault("quality_steps", 300)
     return RunConfig(provider=provider, device=device, **kw).validate()
 
 
@@ -534,6 +576,7 @@ def summary_markdown(
     changes_md: str = "",
     sharded_note: str = "",
     paired_note: str = "",
+    quality_note: str = "",
 ) -> str:
     head = {"pass": "PASS", "regression": "REGRESSION", "baseline": "BASELINE"}.get(status, status.upper())
     lines = [f"# Nightly {head}: {sha[:10]}{' (dirty tree)' if dirty else ''}", ""]
@@ -548,6 +591,8 @@ def summary_markdown(
         lines += [paired_note, ""]
     if sharded_note:
         lines += [sharded_note, ""]
+    if quality_note:
+        lines += [quality_note, ""]
     if outcome is not None:
         n = len({c for c, _ in outcome.confirmed})
         lines.append(
@@ -614,6 +659,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run `optimus-bench bisect` for each confirmed latency regression (otherwise its command is printed)",
     )
+    p.add_argument(
+        "--no-quality", action="store_true", help="skip the config's training-quality gate (tonight's family)"
+    )
     p.add_argument("--asv-config", default=str(REPO_ROOT / "asv.conf.json"))
     p.add_argument("--publish", action="store_true", help="also `asv publish` the dashboard (results/html)")
     p.add_argument("--asv-machine", help="asv machine name (default: asv's, from ~/.asv-machine.json)")
@@ -638,6 +686,7 @@ class _Night:
     new_rel: str  # runs/<stamp>-<sha8>.json, relative to the store
     t0: float
     sharded_cfg: RunConfig | None = None  # the config's sharded suite, unless skipped
+    quality_cfg: RunConfig | None = None  # tonight's family of the quality gate, unless skipped
 
     @property
     def new_path(self) -> Path:
@@ -646,6 +695,10 @@ class _Night:
     @property
     def sharded_rel(self) -> str:
         return self.new_rel.replace(".json", ".sharded.json")
+
+    @property
+    def quality_rel(self) -> str:
+        return self.new_rel.replace(".json", ".quality.json")
 
     @property
     def asv_log(self) -> str:
@@ -687,15 +740,18 @@ def main_from_args(args: argparse.Namespace) -> int:
     outcome = _confirm(night, base_doc, new, measure_again)
     sharded = _sharded_step(night, base_entry)
     outcome = _joined(outcome, sharded.outcome)
+    trained = _quality_step(night)
     asv = _asv_step(night, base_entry, new, measure_again)
     flagged_now = sorted(outcome.confirmed) if outcome is not None else []
     cp = change_points(night.store / HISTORY_FILE, new, night.sha, flagged_now, night.cfg.changes, night.log)
     uncompared = [new] if base_doc is None else []
     if sharded.doc is not None and sharded.outcome is None:
         uncompared.append(sharded.doc)
+    if trained.doc is not None:  # judged against eager in each cell: a quality_mismatch is lost data
+        uncompared.append(trained.doc)
     status = _status(outcome, base_doc, uncompared, asv, cp)
     paired.bisect_confirmed(night, outcome)
-    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded, paired)
+    _record(night, new, base_entry, outcome, asv, cp, status, flagged_now, sharded, trained, paired)
     rc = {
         "regression": exit_codes.REGRESSION,  # "flagged" is 0: recorded, not alerted, never a base
         "incomplete": exit_codes.INCOMPLETE,
@@ -849,8 +905,12 @@ def _prepare(args: argparse.Namespace) -> _Night:
     sharded_cfg = None
     if cfg.sharded is not None and not args.no_sharded:
         sharded_cfg = run_config(cfg.sharded, args.provider, resolve_device(args.device))
+    quality_cfg = None
+    if cfg.quality is not None and not args.no_quality:
+        quality_cfg = quality_run_config(cfg.quality, args.provider, resolve_device(args.device),
+                                         len(history["runs"]))  # fmt: skip
     return _Night(
-        args, cfg, suite, run_cfg, store, history, given_base, git, sha, new_rel, t0, sharded_cfg,
+        args, cfg, suite, run_cfg, store, history, given_base, git, sha, new_rel, t0, sharded_cfg, quality_cfg,
     )  # fmt: skip
 
 
@@ -922,6 +982,36 @@ def _sharded_step(night: _Night, base_entry: dict[str, Any] | None) -> _ShardedO
     results.save_atomic(path, doc)
     note = f"Sharded cells ({len(doc['cells'])}, {cfg.nproc} ranks): compared with `{rel}`."
     return _ShardedOutcome(doc, outcome, note)
+
+
+@dataclass
+class _QualityOutcome:
+    doc: dict[str, Any] | None = None  # tonight's quality cells (None: not run)
+    note: str = ""
+
+
+def _quality_step(night: _Night) -> _QualityOutcome:
+    """Tonight's family of the training-quality gate: its cells in their own results file beside
+    the night's. Each cell is judged against eager inside it, so there is no base to compare
+    with: a cell that is not ok (``quality_mismatch`` included) makes the night incomplete."""
+    cfg = night.quality_cfg
+    if cfg is None:
+        return _QualityOutcome()
+    from harness.run.runner import run_suite
+
+    path = night.store / night.quality_rel
+    fams = list((night.cfg.quality or {}).get("families", []))
+    turn = f"family {fams.index(cfg.models[0]) + 1} of {len(fams)} in turn" if cfg.models[0] in fams else ""
+    night.log(f"training-quality gate: {cfg.models[0]}/{cfg.scale}, {len(cfg.cells())} cell(s) into {path}")
+    doc = run_suite(cfg, path, progress=not night.args.no_progress)
+    bad = [c for c in doc["cells"] if c["status"] != "ok"]
+    head = (f"Training quality ({cfg.models[0]}/{cfg.scale}, {turn}; {cfg.quality_steps} steps x "
+            f"{cfg.quality_seeds} seeds per mode, `{night.quality_rel}`): ")  # fmt: skip
+    if not bad:
+        return _QualityOutcome(doc, head + f"all {len(doc['cells'])} cell(s) train like eager.")
+    rows = [f"- {CellKey.of(c).label()}: **{c['status']}**: {str(c.get('error'))[:400]}" for c in bad]
+    return _QualityOutcome(doc, head + f"**{len(bad)} of {len(doc['cells'])} cell(s) not ok** (lost data):\n\n"
+                           + "\n".join(rows))  # fmt: skip
 
 
 def _joined(a: HarnessOutcome | None, b: HarnessOutcome | None) -> HarnessOutcome | None:
@@ -1018,6 +1108,7 @@ def _record(
     status: str,
     flagged_now: list[tuple[str, str]],
     sharded: _ShardedOutcome,
+    trained: _QualityOutcome,
     paired: _PairedOutcome | None = None,
 ) -> None:
     """Write the summary, the history entry and the night's history line; print the summary."""
@@ -1031,11 +1122,12 @@ def _record(
         asv_rows=asv.rows,
         asv_note=asv.note,
         status=status,
-        n_cells=len(new["cells"]) + len((sharded.doc or {}).get("cells", [])),
+        n_cells=sum(len(d["cells"]) for d in (new, sharded.doc, trained.doc) if d is not None),
         elapsed_s=time.perf_counter() - night.t0,
         changes_md=cp.markdown,
         sharded_note=sharded.note,
         paired_note=paired.note() if paired else "",
+        quality_note=trained.note,
     )
     summary_rel = night.new_rel.replace(".json", ".md")
     write_atomic(store / summary_rel, text + "\n")
@@ -1054,6 +1146,8 @@ def _record(
     }
     if sharded.doc is not None:
         entry["sharded_results"] = night.sharded_rel
+    if trained.doc is not None:
+        entry["quality_results"] = night.quality_rel
     history = load_history(store)  # re-read: another night may have finished meanwhile
     history["runs"].append(entry)
     write_atomic(store / "history.json", json.dumps(history, indent=1) + "\n")

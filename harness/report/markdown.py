@@ -12,7 +12,7 @@ from typing import Any
 from harness import metric_registry
 from harness.measure import limit
 from harness.modes import mode_registry
-from harness.report import paper, plots, summaries
+from harness.report import paper, plots, quality, summaries
 from harness.spec import PHASES, CellKey
 from harness.store.results import cell_map
 
@@ -60,6 +60,19 @@ def failures(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _timing_text(cfg: dict[str, Any]) -> str:
+    if cfg.get("quality_steps"):
+        return (
+            f"- training quality: {cfg['quality_steps']} SGD steps (lr {cfg.get('quality_lr')}) x "
+            f"{cfg.get('quality_seeds')} seeds per cell beside an eager copy; latency = the mode's training steps "
+            f"(the first call left out), taken in turns with the eager copy's; cell timeout {cfg.get('timeout_s')} s\n"
+        )
+    return (
+        f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
+        f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+    )
+
+
 def env_text(doc: dict[str, Any]) -> str:
     env, cfg = doc["env"], doc["config"]
     git = env.get("git") or {}
@@ -71,9 +84,7 @@ def env_text(doc: dict[str, Any]) -> str:
             f"- torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm-gpu {v.get('fbgemm_gpu')}, python {env.get('python')}\n"
             f"- device: {env.get('device')}; CPU: {env.get('cpu')} ({env.get('cpu_count')} cores); torch threads per "
             f"cell: {cfg.get('threads') or 'default (' + str(env.get('torch_threads')) + ')'}; GPU: {env.get('gpu') or 'none'}\n"
-            f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n"
-            f"- timing: {cfg.get('warmup')} warm-up steps, then {cfg.get('min_iters')}-{cfg.get('max_iters')} "
-            f"timed steps within {cfg.get('budget_s')} s per cell; cell timeout {cfg.get('timeout_s')} s\n"
+            f"- load average at start (1, 5, 15 min): {env.get('loadavg')}\n" + _timing_text(cfg)
         )
         + (
             f"- sharded: {cfg.get('nproc')} ranks per cell (one torchrun job each), sharding {cfg.get('sharding')}; "
@@ -103,13 +114,22 @@ def peaks_text(peaks: dict[str, Any] | None) -> str:
     )
 
 
+def shown(doc: dict[str, Any], m: metric_registry.Metric) -> bool:
+    """Whether the report shows ``m``: always, except where no cell can have it: a metric marked
+    ``report_if_present`` that no cell has, and in a quality run (``run --quality``, which
+    measures no peak memory) a metric that no cell has."""
+    if m.report_if_present:
+        return any(c.get(m.name) for c in doc["cells"])
+    if doc["config"].get("quality_steps"):
+        return any(c.get(m.name) is not None for c in doc["cells"])
+    return True
+
+
 def metric_grids(doc: dict[str, Any]) -> list[str]:
     """One grid per metric of the registry that has a report title, in registry order."""
     out = []
     for m in metric_registry.metrics():
-        if m.report_title is None:
-            continue
-        if m.report_if_present and not any(c.get(m.name) for c in doc["cells"]):
+        if m.report_title is None or not shown(doc, m):
             continue
         unit, scale = m.display_unit(doc["cells"])
         out.append(grid(doc, m.name, m.report_title.format(unit=unit), scale))
@@ -117,7 +137,10 @@ def metric_grids(doc: dict[str, Any]) -> list[str]:
 
 
 def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
-    rows = paper.paper_rows(doc)
+    # A quality run's step times are taken in turns with an eager copy's, not timed as a cell
+    # times them: no speedup table or dashboard is read from them.
+    timed = not doc["config"].get("quality_steps")
+    rows = paper.paper_rows(doc) if timed else []
     parts = [f"# {title}\n", env_text(doc)]
     if any(r.get(f"{mode_registry.TARGET} status") for r in rows):
         against = " and ".join(mode_registry.BASELINES)
@@ -125,9 +148,11 @@ def render(doc: dict[str, Any], title: str, image_names: list[str]) -> str:
     from harness.report.sharded_section import section as sharded_section
 
     sharded = sharded_section(doc)
+    trained = quality.section(doc)
     limit_table = limit.format_table(doc)
-    dashboard = summaries.section(doc)
+    dashboard = summaries.section(doc) if timed else ""
     parts += [
+        *([trained] if trained else []),
         *([dashboard] if dashboard else []),
         *([sharded] if sharded else []),
         *(["## The limit: an ideal rewrite on this device\n", limit_table, ""] if limit_table else []),
@@ -152,11 +177,14 @@ def write_report(doc: dict[str, Any], out_dir: str | Path, stem: str, title: str
     out.mkdir(parents=True, exist_ok=True)
     if not doc["cells"]:
         raise ValueError("results: no cells to report")
-    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem), key=lambda m: m.plot_rank)
+    plotted = sorted((m for m in metric_registry.metrics() if m.plot_stem and shown(doc, m)),
+                     key=lambda m: m.plot_rank)  # fmt: skip
     images = [plots.plot_metric(doc, m, out / f"{stem}_{m.plot_stem}.png") for m in plotted]
     if any(c.get("floor_ms") for c in doc["cells"]):
         images.append(plots.plot_floor(doc, out / f"{stem}_floor.png"))
-    rows = paper.paper_rows(doc)
+    if quality.quality_cells(doc):
+        images.insert(0, quality.plot(doc, out / f"{stem}_quality.png"))
+    rows = paper.paper_rows(doc) if not doc["config"].get("quality_steps") else []
     if any(r.get(f"vs {mode_registry.BASELINES[0]}") for r in rows):
         images.append(plots.plot_speedups(rows, out / f"{stem}_speedup.png"))
         images.append(plots.plot_changes(rows, out / f"{stem}_changes.png"))

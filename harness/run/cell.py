@@ -426,16 +426,18 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(argv: list[str] | None, run: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """A cell process: read SPEC.json, ``run`` it, write OUT.json (a failure as a failed cell).
+    The timing cell (``run_cell``) and the training-quality cell (``harness.run.quality``) share it."""
     args = sys.argv[1:] if argv is None else argv
     exit_with_parent()
     if len(args) != 2:
-        print("usage: python -m harness.run.cell SPEC.json OUT.json", file=sys.stderr)
+        print(f"usage: python -m {run.__module__} SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
     key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
     try:
-        cell = run_cell(spec)
+        cell = run(spec)
     except Exception as e:  # recorded as a failed cell; the parent goes on with the next one
         cell = cell_record.empty(key)
         tb = traceback.format_exc().strip().splitlines()
@@ -443,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         cell["traceback"] = "\n".join(tb[-15:])
     Path(args[1]).write_text(json.dumps(finite(cell), allow_nan=False))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(argv, run_cell)
 
 
 if __name__ == "__main__":

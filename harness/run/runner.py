@@ -31,7 +31,7 @@ from harness.store import cell_record, results
 # Fields of the config that decide what a cell measures; a resumed run must agree on them.
 RESUME_FIELDS = (
     "scale", "device", "seed", "warmup", "min_iters", "max_iters", "budget_s", "threads", "atol", "rtol", "provider",
-    "nproc", "sharding",
+    "nproc", "sharding", "quality_steps", "quality_seeds", "quality_every", "quality_heldout", "quality_lr",
 )  # fmt: skip
 
 
@@ -66,7 +66,9 @@ def run_one(
             "peaks": peaks,
         }
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "harness.run.cell", str(spec_path), str(out_path)]
+        # A quality run (``--quality STEPS``) trains instead of timing: harness/run/quality.py.
+        module = "harness.run.quality" if config.get("quality_steps") else "harness.run.cell"
+        cmd = [sys.executable, "-m", module, str(spec_path), str(out_path)]
         t0 = time.perf_counter()
         with open(err_path, "wb") as err:
             proc = subprocess.Popen(
@@ -143,7 +145,8 @@ def line_summary(cell: dict[str, Any]) -> str:
 
 
 # Fields added after files were written: a file without one was run with this value.
-RESUME_DEFAULTS: dict[str, Any] = {"nproc": 1, "sharding": "auto"}
+RESUME_DEFAULTS: dict[str, Any] = {"nproc": 1, "sharding": "auto", "quality_steps": 0, "quality_seeds": 3,
+                                   "quality_every": 10, "quality_heldout": 128, "quality_lr": 0.5}  # fmt: skip
 
 
 def _check_resumable(doc: dict[str, Any], config: dict[str, Any], path: Path) -> None:
@@ -195,7 +198,7 @@ def run_suite(
         if not (retry_failed and c["status"] in ("failed", "timeout"))
     }
     todo = [k for k in cfg.cells() if k not in done]
-    if todo and cfg.nproc == 1 and not doc["env"].get("peaks"):
+    if todo and cfg.nproc == 1 and not cfg.quality_steps and not doc["env"].get("peaks"):
         # Once per run, before the cells: every cell's floor divides by the same peaks (a resumed
         # run keeps the ones its first cells used).
         doc["env"]["peaks"] = roofline.measure_peaks(cfg.device, int(cfg.threads or 0), int(cfg.seed))

@@ -85,6 +85,48 @@ class Latency(BaseModel):
     n: int | None = None
 
 
+CurvePoint = Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class QualitySeed(BaseModel):
+    """One seed of a training-quality cell (``harness.measure.quality.SeedFigures``)."""
+
+    model_config = STRICT
+
+    seed: int
+    auc: float | None = Field(description="held-out AUC of the mode's model (mean over tasks)")
+    logloss: float = Field(description="held-out logloss of the mode's model")
+    eager_auc: float | None = Field(description="held-out AUC of the eager copy")
+    eager_logloss: float
+    drift: float = Field(description="largest |parameter - eager's| after training")
+    drift_rel: float | None = Field(description="drift over the largest distance an eager parameter moved")
+    curve: list[CurvePoint] = Field(description="[step, mean training loss of the window ending there], ...")
+    eager_curve: list[CurvePoint]
+
+
+class Quality(BaseModel):
+    """What a training-quality cell (``run --quality STEPS``, ``harness.run.quality``) found: means
+    over seeds, the worst difference from eager, eager's seed-to-seed spread, the verdict."""
+
+    model_config = STRICT
+
+    steps: int = Field(ge=1, description="optimizer steps per seed")
+    every: int = Field(ge=1, description="steps per loss-curve point")
+    verdict: str = Field(json_schema_extra={"enum": ["ok", "quality_mismatch"]})
+    reasons: list[str]
+    auc: float | None
+    eager_auc: float | None
+    eager_auc_start: float | None = Field(default=None, description="eager's held-out AUC before training")
+    logloss: float
+    eager_logloss: float
+    auc_diff: float | None = Field(description="largest |AUC - eager's| over seeds")
+    logloss_rel_diff: float = Field(description="largest |logloss - eager's| / eager's over seeds")
+    spread_auc: float | None = Field(description="eager's AUC, max - min over seeds (null: one seed)")
+    spread_logloss: float | None
+    drift: float
+    seeds: list[QualitySeed] = Field(min_length=1)
+
+
 def _one_of(allowed: tuple[str, ...], value: str) -> str:
     if value not in allowed:
         raise ValueError(f"unknown {value!r}; allowed values: {', '.join(allowed)}")
@@ -110,6 +152,9 @@ class CellRecord(BaseModel):
     nodes_before: int | None = Field(description="FX nodes of the dense arch before Optimus")
     nodes_after: int | None = Field(description="FX nodes after Optimus")
     max_abs_err: float | None = Field(description="largest output difference from eager")
+    quality: Quality | None = Field(
+        default=None, description="a training-quality run's figures (run --quality)"
+    )
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -134,6 +179,8 @@ class CellRecord(BaseModel):
             raise _FieldAt("error", f"status {self.status!r} needs an error message")
         if self.status == "ok" and self.latency_ms is None:
             raise _FieldAt("latency_ms", "an ok cell needs latency samples")
+        if self.status == "quality_mismatch" and self.quality is None:
+            raise _FieldAt("quality", "a quality_mismatch cell needs its quality figures")
         return self
 
     @staticmethod
@@ -168,7 +215,7 @@ class CellRecord(BaseModel):
         return metric_registry.get(metric).value(self._raw)
 
 
-CELL_FIELDS: tuple[str, ...] = tuple(CellRecord.model_fields)
+CELL_FIELDS: tuple[str, ...] = tuple(n for n, f in CellRecord.model_fields.items() if f.is_required())
 """The fields every cell of schema 1 holds (each may be null unless the model says otherwise)."""
 LATENCY_FIELDS: tuple[str, ...] = tuple(n for n, f in Latency.model_fields.items() if f.is_required())
 

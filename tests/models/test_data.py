@@ -60,3 +60,22 @@ def test_labels_depend_on_dense_features() -> None:
     centred = dense - dense.mean(0)
     corr = (centred.T @ (labels - rate)) / len(labels)
     assert float(corr.abs().max()) > 0.05
+
+
+def test_labels_depend_on_sparse_ids() -> None:
+    """The teacher scores the ids too: the labels follow its sparse half, and the half is a fixed
+    function of (seed, feature, id), not of the batch it is drawn in."""
+    cfg, lay, batches = _batches(batch_size=2048, num_batches=1)
+    kjt, labels = batches[0].inputs[1], batches[0].labels
+    lengths, values = kjt.lengths().long(), kjt.values()
+    score = data.sparse_teacher_score(values, lengths, lay.num_features, int(cfg["num_tasks"]), seed=0)
+    assert score.shape == labels.shape
+    assert float(score.std()) > 0.5  # as strong a signal as the dense half's (standard deviation 1)
+    for t in range(labels.shape[1]):
+        pos, neg = score[labels[:, t] == 1, t], score[labels[:, t] == 0, t]
+        assert float(pos.mean() - neg.mean()) > 0.3, t
+    other_seed = data.sparse_teacher_score(values, lengths, lay.num_features, int(cfg["num_tasks"]), seed=1)
+    assert not torch.allclose(score, other_seed)
+    # A sample without ids adds nothing to its score.
+    one = data.sparse_teacher_score(values[:0], torch.zeros_like(lengths), lay.num_features, 2, seed=0)
+    assert torch.equal(one, torch.zeros_like(one))

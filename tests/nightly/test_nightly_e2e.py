@@ -26,7 +26,7 @@ NIGHTLY = [sys.executable, "-m", "harness.cli", "nightly"]
 LATENCY_GATE = 2.0  # +200%: far above the machine's night-to-night noise
 SLOWDOWN = "9.0"  # every timed step takes 10x as long: +900%, far above the gate
 ARGS = ["--provider", "tests.harness.fakes:build", "--models", "towers", "--scale", "small",
-        "--modes", "eager", "--phases", "infer", "--threads", "1", "--no-asv", "--no-sharded", "--no-progress"]  # fmt: skip
+        "--modes", "eager", "--phases", "infer", "--threads", "1", "--no-asv", "--no-sharded", "--no-quality", "--no-progress"]  # fmt: skip
 
 
 def wide_gate_config(tmp_path: Path) -> Path:

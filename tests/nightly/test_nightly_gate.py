@@ -18,7 +18,7 @@ from harness.store import results
 from tests.harness import synthetic
 
 ARGV = ["nightly", "--models", "towers", "--modes", "compile", "--phases", "infer", "--no-asv", "--no-sharded",
-        "--no-progress"]  # fmt: skip
+        "--no-quality", "--no-progress"]  # fmt: skip
 
 
 def _fake_night(monkeypatch: pytest.MonkeyPatch, status: str) -> list[str]:

@@ -233,6 +233,7 @@ def test_asv_failure_records_an_error_night_that_is_never_a_base(
         "eager",
         "--phases",
         "infer",
+        "--no-quality",
     ]
     assert cli.main(argv) == exit_codes.TOOL_FAILED  # not BAD_INPUT: the input was fine
     assert "**asv part failed**: asv run failed (exit 1): build error" in capsys.readouterr().out

@@ -29,6 +29,7 @@ ARGV = [
     "--phases",
     "infer",
     "--no-asv",
+    "--no-quality",
     "--no-progress",
 ]
 
