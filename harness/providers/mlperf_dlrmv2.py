@@ -19,15 +19,16 @@ Tables: the 26 Criteo 1TB categorical features, one table each, dim 128, with ML
   does the same: rows = min(rows, cap), ids taken below the cap). 18 of the 26 tables keep their
   real size; the five 40M-row tables and the 3.1M, 590K and 405K ones are clipped, 0.44 GiB in
   all, so a cell, its eager reference copy and a 2-rank sharded cell fit a 24 GiB machine with
-  room to spare, and a 1-thread training step at batch 256 takes about half a second.
+  room to spare. Row counts barely move the step time
+  (its dense arch, 16M parameters, is the same at every cap); what a step costs on a 2-core
+  machine: results/mlperf-dlrmv2/README.md.
 * `full`: the real row counts (a machine with about 100 GiB per model copy, and more for a
   cell's reference copy: build refuses with one line on a machine with less memory).
 
 The cap is in every cell's meta (`row_cap`, 0: none), with the table bytes.
 
-Data: torchrec's own `RandomRecDataset` (torchrec.datasets.random), the generator torchrec's
-and MLPerf's `dlrm_main.py` use for synthetic runs, with `ids_per_features` = `min_ids_per_features`
-= MLPerf's multi-hot sizes: every sample has exactly that many ids per feature, uniform over the
+Data: torchrec's own random recommendation dataset, `RandomRecDataset` (torchrec.datasets.random),
+with `ids_per_features` = `min_ids_per_features` = MLPerf's multi-hot sizes: every sample has exactly that many ids per feature, uniform over the
 table's rows, as MLPerf's synthetic multi-hot dataset (`--multi_hot_distribution_type uniform`)
 has. This repository's generator (models/data.py) is not used: its pooling is Poisson around
 a per-feature mean with Zipf ids, so it cannot give the fixed pooling MLPerf specifies. 13 dense
