@@ -7,6 +7,7 @@ tables of dim 128, the MLPs, the DCN) is the scale's, only the row counts and th
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from harness import cli, exit_codes
 from harness.modes import mode_registry
 from harness.providers import mlperf_dlrmv2 as mlperf
 from harness.run import cell
+from harness.run.runner import run_suite
+from harness.spec import RunConfig
+from harness.store import results
 
 SMALL = dict(row_cap=64, batch_size=16)
 SPEC = "harness.providers.mlperf_dlrmv2:build"
@@ -101,3 +105,25 @@ def test_the_full_scale_is_refused_in_one_line_where_it_cannot_fit(monkeypatch: 
     with pytest.raises(MemoryError, match=r"the tables need 97\.4 GiB and this machine has 16\.0 GiB") as e:
         mlperf.build("mlperf_dlrmv2", "full")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["table_wise", "column_wise"])
+def test_a_two_rank_training_cell_runs_sharded(tmp_path: Path, sharding: str) -> None:
+    """At the cpu scale, over 2 ranks: every table shard checked against the single-process run
+    (about half a minute of torchrun on 2 cores per plan, hence slow). Column-wise splits every
+    table into two 64-column shards, one per rank."""
+    cfg = RunConfig(models=["mlperf_dlrmv2"], scale="cpu", provider=SPEC, modes=["eager"], phases=["train"],
+                    device="cpu", nproc=2, sharding=sharding, warmup=1, min_iters=2, max_iters=3, budget_s=0.2,
+                    timeout_s=900.0).validate()  # fmt: skip
+    out = tmp_path / "sharded.json"
+    run_suite(cfg, out, progress=False)
+    [c] = results.load(out)["cells"]
+    assert c["status"] == "ok", c.get("error")
+    for rank in c["ranks"]:
+        shards = rank["shard"]
+        assert {s["sharding_type"] for s in shards} == {sharding}
+        assert rank["parity"]["table_shards_compared"] == len(shards)
+        widths = {s["sizes"][1] for s in shards}
+        assert widths == ({64} if sharding == "column_wise" else {128})
+    assert sum(len(r["shard"]) for r in c["ranks"]) == (52 if sharding == "column_wise" else 26)
