@@ -81,7 +81,7 @@ def reference_section(model: ReferenceModel, doc: dict[str, Any], report: str) -
         [
             f"## Reference model: {model.name}, scale {model.scale}",
             "",
-            f"{model.source}. Every mode and phase of this run, measured with the same options; "
+            f"{model.source}. Measured in this run, in its modes and phases and with its options; "
             f"its full report: `{report}`.",
             "",
             paper.format_paper_table(paper.paper_rows(doc)),
