@@ -4,7 +4,8 @@ Why by name: cells run in subprocesses, so the builder travels as a string; and 
 benchmarks their own model by writing one function, not by editing the harness. The default,
 `models:build`, is this repository's families; `models.dense_only:build` is the same families
 without torchrec (the GPU machine); `harness.providers.torchrec_dlrm:build` is torchrec's own
-DLRM_DCN, a model this repository did not write.
+DLRM_DCN, a model this repository did not write; `harness.providers.mlperf_dlrmv2:build` is
+MLPerf's DLRMv2 at its own scales (`cpu`, `full`).
 
 The contract (the same as `models.build`, docs/harness.md "Your own model"):
 

@@ -4,9 +4,11 @@
 
 Why: the harness must measure models it did not write, through the same contract as
 `models.build` (harness/provider.py). torchrec's classes are used as they are: the provider only
-names the split the harness needs. `module.sparse` is torchrec's `SparseArch` (the EBC, run
-eagerly), `module.dense` runs torchrec's own `dense_arch -> inter_arch -> over_arch` exactly as
-`DLRM.forward` does, on the [B, F, D] sparse embeddings; the modes prepare `module.dense`.
+names the split the harness needs, the same one as this repository's families (`RecModel`).
+`module.sparse` is the model's EmbeddingBagCollection (run eagerly, sharded by `--nproc`),
+`module.dense` takes its pooled values [B, F*D], reshapes them to [B, F, D] as torchrec's
+`SparseArch` does, and runs torchrec's own `dense_arch -> inter_arch -> over_arch` exactly as
+`DLRM.forward` does; the modes prepare `module.dense`.
 
 Sizes come from this repository's `dlrm` presets (sparse/dense feature counts, table rows,
 embedding dim, bottom/top MLP widths, batch, tasks) and so do the batches (models/data.py: Zipf
@@ -23,7 +25,7 @@ from torch import Tensor, nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 
 from models import data, presets, sparse
-from models.types import Batch, Built
+from models.types import Built, RecModel
 
 FAMILIES: tuple[str, ...] = ("dlrm_dcn", "dlrm")
 SCALES: tuple[str, ...] = tuple(s for s in presets.SCALES if s not in presets.HETERO_SCALES)
@@ -32,38 +34,57 @@ DCN_RANK = 8
 
 
 class DLRMDenseHalf(nn.Module):
-    """torchrec's DLRM forward after the sparse arch: (dense_features, sparse [B, F, D]) -> logits."""
+    """torchrec's DLRM forward after the EBC: (dense_features, pooled [B, F*D]) -> logits."""
 
     def __init__(self, dlrm: DLRM) -> None:
         super().__init__()
+        self.num_features = dlrm.sparse_arch.F
+        self.embedding_dim = dlrm.sparse_arch.D
         self.dense_arch = dlrm.dense_arch
         self.inter_arch = dlrm.inter_arch
         self.over_arch = dlrm.over_arch
 
-    def forward(self, dense_features: Tensor, sparse_features: Tensor) -> Tensor:
+    def forward(self, dense_features: Tensor, pooled: Tensor) -> Tensor:
+        sparse_features = pooled.reshape(-1, self.num_features, self.embedding_dim)  # SparseArch's last step
         embedded_dense = self.dense_arch(dense_features)
         concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=sparse_features)
         return self.over_arch(concatenated)
 
 
-class SplitDLRM(nn.Module):
-    """`module(dense_features, kjt)`: torchrec's sparse arch, then the dense half."""
+class SplitDLRM(RecModel):
+    """`module(dense_features, kjt)`: torchrec's EBC, then the dense half, on the pooled values.
+
+    The EBC's pooled values are in its config order, which is `SparseArch`'s feature order, so this
+    computes what `DLRM.forward` computes; and being a `RecModel`, it runs wherever this
+    repository's families run, the sharded cells included (they shard `module.sparse`)."""
 
     def __init__(self, dlrm: DLRM) -> None:
-        super().__init__()
-        self.sparse = dlrm.sparse_arch
-        self.dense = DLRMDenseHalf(dlrm)
-
-    def forward(self, dense_features: Tensor, kjt: Any) -> Tensor:
-        return self.dense(dense_features, self.sparse(kjt))
+        super().__init__(dlrm.sparse_arch.embedding_bag_collection, DLRMDenseHalf(dlrm))
 
 
-class TorchrecBuilt(Built):
-    def dense_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        dense_features, kjt = batch.inputs
-        with torch.no_grad():
-            embedded = self.module.sparse(kjt)
-        return dense_features, embedded.detach()
+def assemble(
+    ebc: nn.Module,
+    *,
+    dense_in_features: int,
+    bottom_mlp: list[int],
+    top_mlp: list[int],
+    device: torch.device,
+    dcn: tuple[int, int] | None,
+) -> SplitDLRM:
+    """torchrec's `DLRM_DCN` (`dcn` = (cross layers, low rank)) or `DLRM` (`dcn` None) over
+    `ebc`, split for the harness. `bottom_mlp` ends at the embedding dim (torchrec's rule)."""
+    sizes: dict[str, Any] = dict(
+        embedding_bag_collection=ebc,
+        dense_in_features=dense_in_features,
+        dense_arch_layer_sizes=bottom_mlp,
+        over_arch_layer_sizes=top_mlp,
+        dense_device=device,
+    )
+    if dcn is not None:
+        model: DLRM = DLRM_DCN(**sizes, dcn_num_layers=dcn[0], dcn_low_rank_dim=dcn[1])
+    else:
+        model = DLRM(**sizes)
+    return SplitDLRM(model.to(device))  # torchrec builds its interaction/cross layers on the default device
 
 
 def build(family_name: str, scale: str = "tiny", device: str | torch.device = "cpu", seed: int = 0) -> Built:
@@ -75,23 +96,17 @@ def build(family_name: str, scale: str = "tiny", device: str | torch.device = "c
     cfg = presets.resolve("dlrm", scale)
     lay = sparse.layout(cfg)
     dev = torch.device(device)
-    d = lay.embedding_dim
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        ebc = sparse.build_ebc(lay, dev)
-        sizes: dict[str, Any] = dict(
-            embedding_bag_collection=ebc,
+        module = assemble(
+            sparse.build_ebc(lay, dev),
             dense_in_features=int(cfg["num_dense_features"]),
-            dense_arch_layer_sizes=[*cfg["bottom_mlp"], d],
-            over_arch_layer_sizes=[*cfg["top_mlp"], int(cfg["num_tasks"])],
-            dense_device=dev,
+            bottom_mlp=[*cfg["bottom_mlp"], lay.embedding_dim],
+            top_mlp=[*cfg["top_mlp"], int(cfg["num_tasks"])],
+            device=dev,
+            dcn=(DCN_LAYERS, DCN_RANK) if family_name == "dlrm_dcn" else None,
         )
-        if family_name == "dlrm_dcn":
-            model: DLRM = DLRM_DCN(**sizes, dcn_num_layers=DCN_LAYERS, dcn_low_rank_dim=DCN_RANK)
-        else:
-            model = DLRM(**sizes)
-        model = model.to(dev)  # torchrec builds its interaction/cross layers on the default device
-    built = TorchrecBuilt(module=SplitDLRM(model), batches=data.make_batches(cfg, lay, seed, dev))  # type: ignore[arg-type]
+    built = Built(module=module, batches=data.make_batches(cfg, lay, seed, dev))
     built.meta = {
         "family": family_name,
         "scale": scale,

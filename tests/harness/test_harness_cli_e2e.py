@@ -107,3 +107,27 @@ def test_reproduce_writes_table_report_and_plots(tmp_path: Path) -> None:
     assert beside in out.stdout and beside in (tmp_path / "repro.md").read_text()
     assert "### `results/large/reproduce-large.json`: scale large, commit " in out.stdout
     assert "- dashboard summary, train, compile+optimus vs compile: pass rate " in out.stdout
+
+
+def test_reproduce_runs_a_reference_model_beside_ours(tmp_path: Path) -> None:
+    """`--reference mlperf_dlrmv2`: MLPerf's DLRMv2 at its own scale (cpu), in reproduce's modes and
+    phases (here one eager cell, so no compile is paid), into its own file and report, and its rows
+    in ours."""
+    out = _cli("reproduce", "--provider", "tests.harness.fakes:build", "--models", "mlp", "--modes", "eager",
+               "--phases", "infer", "--warmup", "1", "--min-iters", "2", "--max-iters", "3", "--budget-s", "0.05",
+               "--reference", "mlperf_dlrmv2", "--out", str(tmp_path / "repro.json"), "--out-dir", str(tmp_path))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    ref = results.load(tmp_path / "repro-mlperf_dlrmv2.json")
+    [cell] = ref["cells"]
+    assert (cell["model"], cell["scale"], cell["mode"], cell["phase"], cell["status"]) == (
+        "mlperf_dlrmv2", "cpu", "eager", "infer", "ok"
+    )  # fmt: skip
+    assert (
+        cell["meta"]["row_cap"] == 100_000
+        and ref["config"]["provider"] == "harness.providers.mlperf_dlrmv2:build"
+    )
+    assert {c["model"] for c in results.load(tmp_path / "repro.json")["cells"]} == {"mlp"}
+    section = "## Reference model: mlperf_dlrmv2, scale cpu"
+    assert section in out.stdout and section in (tmp_path / "repro.md").read_text()
+    assert "`repro-mlperf_dlrmv2.md`" in out.stdout and (tmp_path / "repro-mlperf_dlrmv2.md").exists()
+    assert "| mlperf_dlrmv2 | cpu | infer |" in out.stdout

@@ -39,11 +39,23 @@ def _planner_fail_requested() -> bool:
     return os.environ.get(FAULT_ENV, "").strip() == "planner_fail"
 
 
+def column_shard(sharding: str, dim: int, nproc: int) -> int | None:
+    """Columns per shard of a ``column_wise`` table: dim / nproc, so every table is split over
+    the ranks. Why: torchrec's planner shards columns in blocks of at least 128 (``MIN_CW_DIM``),
+    so a table of dim 128 or less (every table of our presets and MLPerf DLRMv2's) would stay one
+    whole shard and the plan would place whole tables, as table-wise does. None (torchrec's
+    default) for the other sharding types, and where dim does not divide by nproc."""
+    if sharding != "column_wise" or dim % nproc or dim < nproc:
+        return None
+    return dim // nproc
+
+
 def make_plan(module: Any, nproc: int, sharding: str, device: str = "cpu") -> dict[str, Any]:
     """Plan ``module``'s EmbeddingBagCollection over ``nproc`` ranks; the plan as JSON.
 
     ``sharding`` constrains every table to one sharding type (``auto``: the planner
-    chooses). Raises PlanError (one line) when the planner cannot place the tables.
+    chooses; ``column_wise``: in shards of ``column_shard`` columns). Raises PlanError (one
+    line) when the planner cannot place the tables.
     """
     import logging
 
@@ -53,10 +65,14 @@ def make_plan(module: Any, nproc: int, sharding: str, device: str = "cpu") -> di
         raise ValueError(f"sharding: unknown {sharding!r}; allowed values: {', '.join(SHARDINGS)}")
     if nproc < 2:
         raise ValueError(f"nproc: a sharded cell needs at least 2 ranks, got {nproc}")
-    tables = [c.name for c in module.sparse.embedding_bag_configs()]
     constraints = None
     if sharding != "auto":
-        constraints = {t: ParameterConstraints(sharding_types=[sharding]) for t in tables}
+        constraints = {
+            c.name: ParameterConstraints(
+                sharding_types=[sharding], min_partition=column_shard(sharding, c.embedding_dim, nproc)
+            )
+            for c in module.sparse.embedding_bag_configs()
+        }
     caps: dict[str, int] = {}
     if _planner_fail_requested():
         caps = {"ddr_cap": PLANNER_FAIL_DDR_BYTES, "hbm_cap": PLANNER_FAIL_DDR_BYTES}

@@ -6,10 +6,11 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 import synthetic
 
 from harness.report import references
-from harness.spec import CellKey
+from harness.spec import CellKey, RunConfig
 from harness.store import results
 
 
@@ -49,7 +50,7 @@ def test_the_committed_reference_runs_are_read_not_hard_coded() -> None:
     for _path, doc in refs:
         sha, day = references.measured_at(doc)
         assert f"commit {sha}, measured {day}" in text and sha != "?" and day != "?"
-    _, large = refs[-1]
+    large = next(doc for path, doc in refs if path.parent.name == "large")
     cells = results.cell_map(large)
     c = cells[CellKey("dcn", "large", "compile", "train")]["compile_s"]
     o = cells[CellKey("dcn", "large", "compile+optimus", "train")]["compile_s"]
@@ -67,3 +68,45 @@ def test_a_noisy_reference_speedup_is_marked() -> None:
     assert "0.73x (0.71-0.87) † |" in references._figure(row)
     row["compile+optimus iqr"] = 3.0
     assert "†" not in references._figure(row)
+
+
+def test_the_committed_mlperf_dlrmv2_run_is_shown_beside_ours() -> None:
+    """The reference model's committed run is read like ours: its rows, at its own scale."""
+    text = references.section()
+    assert "### `results/mlperf-dlrmv2/mlperf-dlrmv2.json`: scale cpu, commit " in text
+    assert "| mlperf_dlrmv2 | cpu | infer |" in text and "| mlperf_dlrmv2 | cpu | train |" in text
+
+
+def test_reference_names_are_checked_in_one_line() -> None:
+    assert references.reference_models("") == [] and references.reference_models(None) == []
+    assert [m.name for m in references.reference_models("mlperf_dlrmv2")] == ["mlperf_dlrmv2"]
+    with pytest.raises(ValueError, match=r"^reference: unknown 'nope'; allowed values: mlperf_dlrmv2$"):
+        references.reference_models("mlperf_dlrmv2,nope")
+
+
+def test_a_reference_model_runs_with_reproduces_options_at_its_own_scale(tmp_path: Path) -> None:
+    from harness.cli import reproduce
+
+    ours = RunConfig(models=["towers", "dcn"], modes=["eager", "compile"], phases=["train"], budget_s=0.5,
+                     min_iters=7, timeout_s=30.0)  # fmt: skip
+    ref = references.REFERENCE_MODELS["mlperf_dlrmv2"]
+    cfg = reproduce.reference_config(ours, ref)
+    assert (cfg.provider, cfg.models, cfg.scale) == (ref.provider, ["mlperf_dlrmv2"], "cpu")
+    assert (cfg.modes, cfg.phases, cfg.budget_s, cfg.min_iters) == (["eager", "compile"], ["train"], 0.5, 7)
+    assert cfg.timeout_s == reproduce.REFERENCE_TIMEOUT_S  # its compiles outlast tiny's timeout
+    assert ref.out_path(tmp_path / "reproduce.json") == tmp_path / "reproduce-mlperf_dlrmv2.json"
+
+
+def test_a_fresh_reference_run_renders_its_rows_and_names_its_report() -> None:
+    cells = [
+        synthetic.cell("mlperf_dlrmv2", mode, "infer", ms, seed=i, scale="cpu")
+        for i, (mode, ms) in enumerate(
+            [("compile", 100.0), ("compile+peer", 100.0), ("compile+optimus", 80.0)]
+        )
+    ]
+    text = references.reference_section(
+        references.REFERENCE_MODELS["mlperf_dlrmv2"], synthetic.doc(cells), "reproduce-mlperf_dlrmv2.md"
+    )
+    assert text.startswith("## Reference model: mlperf_dlrmv2, scale cpu")
+    assert "`reproduce-mlperf_dlrmv2.md`" in text and "| mlperf_dlrmv2 | cpu | infer |" in text
+    assert "- dashboard summary, infer, compile+optimus vs compile: pass rate 100%, 1/1" in text

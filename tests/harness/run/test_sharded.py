@@ -242,6 +242,12 @@ def test_plan_json_round_trip_and_shards() -> None:
     rebuilt = planmod.sharding_plan(doc)
     assert planmod.plan_json(rebuilt, 2, "column_wise")["modules"] == doc["modules"]
     assert {t["sharding_type"] for t in doc["modules"]["sparse"].values()} == {"column_wise"}
+    for t in doc["modules"]["sparse"].values():  # dim 8 in two shards of 4 columns, one per rank
+        assert sorted(t["ranks"]) == [0, 1] and [s["sizes"][1] for s in t["shards"]] == [4, 4]
+    assert (
+        planmod.column_shard("column_wise", 128, 2) == 64
+        and planmod.column_shard("table_wise", 128, 2) is None
+    )
     with pytest.raises(ValueError, match="sharding: unknown 'row_wise'"):
         planmod.make_plan(b.module, 2, "row_wise")
 
