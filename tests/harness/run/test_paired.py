@@ -157,3 +157,26 @@ def test_bisect_refuses_a_range_that_is_not_slower(
 def test_bisect_bad_cell_is_one_line(cell: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["bisect", "HEAD~1", "HEAD", "--cell", cell]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.compile
+def test_reproduce_speedups_come_from_the_modes_side_by_side() -> None:
+    """``pair_modes`` measures compile+optimus against compile in worker processes, and the
+    paper table then shows that paired speedup (marked), not the ratio of the two cells."""
+    from harness.report import paper
+    from harness.run.paired_modes import pair_modes
+    from tests.harness import synthetic
+
+    cells = [synthetic.cell("mlp", m, "infer", ms, seed=i) for i, (m, ms) in
+             enumerate([("compile", 5.0), ("compile+optimus", 50.0)])]  # fmt: skip
+    doc = synthetic.doc(cells)
+    opt = PairOptions(rounds=4, max_rounds=4, steps=2, warmup=1, processes=1, max_processes=1, compiles=1,
+                      provider="tests.harness.fakes:build")  # fmt: skip
+    doc["paired_speedups"] = pair_modes(doc, opt, log=lambda _: None)
+    [p] = doc["paired_speedups"]
+    assert (p["against"], p["mode"], p["rounds"]) == ("compile", "compile+optimus", 4)
+    lo, hi = p["ci95"]
+    assert lo <= p["speedup"] <= hi
+    row = paper.paper_rows(doc)[0]["vs compile"]
+    assert row["paired"] and row["x"] == p["speedup"]  # not the cells' 0.1x
+    assert "‡" in paper.format_paper_table(paper.paper_rows(doc))
