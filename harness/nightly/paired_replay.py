@@ -13,7 +13,8 @@ both measured by the study:
 A paired night of one cell: the log ratio of the true levels (tonight against the anchor) plus one
 ``sd_proc`` offset, then ``rounds`` per-round samples around it; the interval of the median is the
 normal approximation of its bootstrap (1.2533 sd / sqrt(n), 95%). Slower when the whole interval lies
-above the threshold; undecided: more rounds, up to ``max_rounds``, then the median decides. A slower
+above the threshold; undecided: more rounds, up to ``max_rounds``, then not flagged (the gate, like
+``compare``, flags only an interval wholly above the threshold). A slower
 night is paired again in fresh processes (a new offset) and is red only if it is slower again. A red
 night is never a base; the anchor is kept for ``anchor_nights`` passing nights (``job.paired_anchor``).
 """
@@ -79,7 +80,7 @@ def slower(log_true: float, pn: PairedNoise, rng: np.random.Generator) -> bool:
         if med + half < limit:
             return False
         if len(xs) + pn.rounds > pn.max_rounds:
-            return med > limit
+            return False  # still undecided: the gate flags only a whole interval above (compare)
         xs += list(log_true + offset + rng.normal(0.0, pn.sd_round, pn.rounds))
 
 
