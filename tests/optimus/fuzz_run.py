@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, half_dtype, shrink
-from fuzz_programs import Spec, features, forward_source, random_spec
+from fuzz_programs import Spec, features, forward_source, over_arch_spec, random_spec
+
+# what example k is, per --programs
+GENERATORS = {"user": random_spec, "over_arch": over_arch_spec}
 
 DTYPES = {
     "float32": torch.float32,
@@ -60,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list of construct prefixes (fuzz_programs.features, e.g. sliced,lookup_mode): "
         "run only the seeds whose program has one; --examples counts those",
     )
+    parser.add_argument(
+        "--programs",
+        default="user",
+        choices=sorted(GENERATORS),
+        help="user: fuzz_programs.random_spec; over_arch: fuzz_programs.over_arch_spec (slices of "
+        "a cat of trainable members of different kinds, trained)",
+    )
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in PATHS]
@@ -79,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     k, done, skipped = args.start - 1, 0, 0
     while done < args.examples:
         k += 1
-        spec = random_spec(k)
+        spec = GENERATORS[args.programs](k)
         if wanted and not any(f.startswith(w) for f in features(spec) for w in wanted):
             skipped += 1
             continue
