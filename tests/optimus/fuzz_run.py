@@ -66,11 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--programs",
         default="user",
-        choices=sorted(GENERATORS),
+        choices=[*sorted(GENERATORS), "sparse"],
         help="user: fuzz_programs.random_spec; over_arch: fuzz_programs.over_arch_spec (slices of "
-        "a cat of trainable members of different kinds, trained)",
+        "a cat of trainable members of different kinds, trained); sparse: fuzz_sparse.sparse_spec "
+        "(torchrec EmbeddingBagCollection lookups under a context, default config; --paths, "
+        "--dtype and --features do not apply)",
     )
     args = parser.parse_args(argv)
+    if args.programs == "sparse":
+        warnings.filterwarnings("ignore")
+        import fuzz_sparse
+
+        return 1 if fuzz_sparse.run(args.start, args.examples, args.show) else 0
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
