@@ -258,9 +258,7 @@ def check(spec: SparseSpec, seed: int = 0, optimize: Callable[..., Any] | None =
             for name in names:
                 a, b = w[name], g[name]
                 if (a is None) != (b is None):
-                    res.mismatches.append(
-                        f"grad_presence: {name}: eager {_grad(a)}, optimized {_grad(b)}"
-                    )
+                    res.mismatches.append(f"grad_presence: {name}: eager {_grad(a)}, optimized {_grad(b)}")
                 elif a is not None and not _close(a, b):
                     res.mismatches.append(f"grad: {name}")
         elif w.requires_grad != g.requires_grad or not _close(w.detach(), g.detach()):
@@ -306,7 +304,9 @@ def run(start: int, examples: int, show: int = 10) -> int:
             failed.append(f"{k}: {source(spec)}\n    " + "\n    ".join(result.mismatches[:6]))
         done = k - start + 1
         if done % 25 == 0:
-            print(f"... {done} examples, {failures} failures, {time.perf_counter() - begin:.0f} s", flush=True)
+            print(
+                f"... {done} examples, {failures} failures, {time.perf_counter() - begin:.0f} s", flush=True
+            )
     print(f"per example (s): sparse {seconds / max(examples, 1):.3f}")
     print(f"sparse boundary used in {used} of {examples}")
     print("constructs: " + ", ".join(f"{f} {n}" for f, n in sorted(covered.items())))
