@@ -140,6 +140,15 @@ MATMUL_FORMS = {
 }
 LOOKUP_MODES = ("no_grad", "inference_mode", "autocast")  # Spec.lookup_mode, drawn last
 SLICES = ("head", "tail")  # Spec.sliced, drawn last
+# The over-arch programs of :func:`generate_over_arch`: members of these kinds (each a [batch,
+# hidden] value computed from its own parameters) concatenated side by side, read only through
+# one of these slices: the first or last piece, the second, half of the first (a narrow inside
+# one piece), ``narrow`` of the first, ``split(...)[0]``
+OVER_ARCH_KINDS = ("tower", "gated", "linear", "matmul_param", "embedding", "feature_lookup", "size1")
+OVER_ARCH_SLICES = ("head", "tail", "middle", "part", "narrow", "split")
+# what reads the slice (``Spec.head``): a dense top Linear, a tanh, or nothing (returned as it is,
+# so its strides are the caller's to see and a rewrite must keep them)
+OVER_ARCH_HEADS = ("top", "tanh", "")
 REGIONS = ("", "no_grad", "enable_grad", "autocast")  # enable_grad is nested inside no_grad
 # A region around a whole MMoE block: no_grad half the time (the multiply-sum pooling is batched
 # only without a gradient).
@@ -206,6 +215,10 @@ class Spec:
     # parameters get zero gradients in eager, which the optimizer steps below must see
     sliced: str = ""
     train_steps: int = 0  # AdamW steps, then as many SGD-with-momentum steps (fuzz_checks.observe)
+    # the over-arch input ``tw`` concatenates every joined member whatever its kind (towers,
+    # linears, projections, lookups: :func:`generate_over_arch`), not only the towers
+    mixed_cat: bool = False
+    head: str = ""  # what reads ``tw``'s slice (OVER_ARCH_HEADS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,6 +532,55 @@ def random_spec(seed: int, max_groups: int = 3) -> Spec:
     return generate(RandomChoices(seed), max_groups)
 
 
+def generate_over_arch(c: Choices) -> Spec:
+    """A small program of its own: 2..4 members of different kinds (towers, linears, ``s @ W``,
+    lookups, ``Linear(1, N)``), each computed from parameters of its own, concatenated into one
+    over-arch input ``tw`` that is read only through a slice of one piece (``Spec.sliced``),
+    then trained with AdamW and SGD with momentum.
+
+    WHY its own generator: in :func:`generate` the concatenated towers or lookups are of one kind,
+    so the horizontal rules batch them first and every piece is a view of one batched value; a
+    slice then drops no parameter, and ``cat_split`` never cuts one off the gradient path (the
+    rewrite that turns a zero gradient into None). Pieces of different kinds stay apart, so the
+    slice leaves the other pieces' parameters with zero gradients in eager, which the optimizer
+    steps move (weight decay, momentum) and a None would not. Small sizes and few members keep
+    an example cheap enough for thousands of runs."""
+    members: list[Member] = []
+    ids = c.choice(tuple(IDS))
+    for j in range(c.integer(2, 4)):
+        kind = c.choice(OVER_ARCH_KINDS)
+        m = _member(c, kind, "z" if kind == "feature_lookup" else c.choice(SOURCES))
+        # mostly outside any region (a member under no_grad gives eager no gradient to keep)
+        m = replace(m, region=m.region if c.integer(0, 4) == 0 else "", consumer="", keep=False, joined=True)
+        if kind == "feature_lookup":
+            m = replace(m, variant=c.choice(("long", "to", "int")), shared=ids, slot=j)
+        members.append(legalize(m))
+    spec = Spec(
+        members=tuple(members),
+        batch=c.choice((2, 3, 4)),
+        width=c.choice((4, 6)),
+        hidden=c.choice((2, 4)),
+        train=c.integer(0, 4) > 0,
+        shared_blocks=c.integer(0, 1) == 1,
+        sliced=c.choice(OVER_ARCH_SLICES),
+        train_steps=2,
+        mixed_cat=True,
+        head=_weighted(c, OVER_ARCH_HEADS, 3),
+    )
+    lookups = [m for m in spec.members if m.kind in ("feature_lookup", "embedding")]
+    if lookups and c.integer(0, 2) == 0:  # frozen, inference-only or low-precision lookups
+        mode = c.choice(LOOKUP_MODES)
+        members = [
+            replace(m, region=mode) if m.kind in ("feature_lookup", "embedding") else m for m in spec.members
+        ]
+        spec = replace(spec, members=tuple(members), lookup_mode=mode)
+    return spec
+
+
+def over_arch_spec(seed: int) -> Spec:
+    return generate_over_arch(RandomChoices(seed))
+
+
 def features(spec: Spec) -> set[str]:
     """Names of the constructs a program uses ("region:no_grad", "kind:bn_twice", "consumer:view",
     "view:w_t", "random:rrelu", ...): what a run covered, and what the gating in the tests reads."""
@@ -562,6 +624,9 @@ def features(spec: Spec) -> set[str]:
         out.add(f"lookup_mode:{spec.lookup_mode}")
     if spec.sliced:
         out.add(f"sliced:{spec.sliced}")
+    if spec.mixed_cat:
+        out.add("over_arch:mixed")
+        out.add(f"over_arch:head_{spec.head or 'none'}")
     if spec.train_steps:
         out.add("trained")
     return out
@@ -808,6 +873,17 @@ def forward_source(spec: Spec) -> str:
         body.insert(0, f"{name} = {IDS[name]}")
     if not outs or any(m.src == "h" for m in members):
         body.insert(0, "h = x * 1.5")
+    if spec.mixed_cat:  # one over-arch input of every joined member, read through a slice
+        pieces = [f"o{j}" for j, m in enumerate(members) if m.joined and not m.consumer]
+        outs = [o for o in outs if o not in pieces]
+        if pieces:
+            cat = f"torch.cat([{', '.join(pieces)}], 1)"
+            cut = _slice_expr(spec.sliced, cat, len(pieces), spec.hidden)
+            body.append(f"tw = {OVER_ARCH_HEAD_CODE[spec.head].format(cut)}")
+            outs.append("tw")
+        outs = outs or ["h"]
+        body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return "\n".join(body)
     joined = [
         f"e{j}" for j, m in enumerate(members) if m.joined and m.kind == "feature_lookup" and not m.consumer
     ]
@@ -836,6 +912,30 @@ def _slice_of(sliced: str, pieces: list[str], lead: str, width: int) -> str:
     if sliced == "tail":
         return f"[{lead}, {width * (len(pieces) - 1)}:]"
     return ""
+
+
+OVER_ARCH_HEAD_CODE = {"top": "self.top({})", "tanh": "torch.tanh({})", "": "{}"}
+
+
+def _slice_width(spec: Spec) -> int:
+    """How wide the over-arch input's slice is (what the top Linear reads)."""
+    return max(spec.hidden // 2, 1) if spec.sliced == "part" else spec.hidden
+
+
+def _slice_expr(sliced: str, cat: str, n: int, width: int) -> str:
+    """``cat`` (``n`` pieces ``width`` wide along dim 1) read through one slice of one piece
+    (:data:`OVER_ARCH_SLICES`); "middle" is the second piece when there are three or more."""
+    if sliced == "middle" and n >= 3:
+        return f"{cat}[:, {width}:{2 * width}]"
+    if sliced == "part":
+        return f"{cat}[:, :{max(width // 2, 1)}]"  # as _slice_width
+    if sliced == "narrow":
+        return f"{cat}.narrow(1, 0, {width})"
+    if sliced == "split":
+        return f"torch.split({cat}, {width}, 1)[0]"
+    if sliced == "tail":
+        return f"{cat}[:, {width * (n - 1)}:]"
+    return f"{cat}[:, :{width}]"
 
 
 def init_source(spec: Spec) -> str:
@@ -873,6 +973,8 @@ def init_source(spec: Spec) -> str:
             ]
         if "w_t" in (m.variant,) and m.kind in ("view_out", "split_cat", "stack_unbind"):
             lines += [f"self.w{i} = nn.Parameter(torch.randn({d}, {b}))"]
+    if spec.mixed_cat and spec.head == "top":
+        lines += [f"self.top = nn.Linear({_slice_width(spec)}, {hdim})"]
     return "\n".join(lines + _shared_init(spec))
 
 

@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from fuzz_checks import FAST_PATHS, PATHS, blame, check, describe, half_dtype, shrink
-from fuzz_programs import Spec, features, forward_source, random_spec
+from fuzz_programs import Spec, features, forward_source, over_arch_spec, random_spec
+
+# what example k is, per --programs
+GENERATORS = {"user": random_spec, "over_arch": over_arch_spec}
 
 DTYPES = {
     "float32": torch.float32,
@@ -60,7 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list of construct prefixes (fuzz_programs.features, e.g. sliced,lookup_mode): "
         "run only the seeds whose program has one; --examples counts those",
     )
+    parser.add_argument(
+        "--programs",
+        default="user",
+        choices=[*sorted(GENERATORS), "sparse"],
+        help="user: fuzz_programs.random_spec; over_arch: fuzz_programs.over_arch_spec (slices of "
+        "a cat of trainable members of different kinds, trained); sparse: fuzz_sparse.sparse_spec "
+        "(torchrec EmbeddingBagCollection lookups under a context, default config; --paths, "
+        "--dtype and --features do not apply)",
+    )
     args = parser.parse_args(argv)
+    if args.programs == "sparse":
+        warnings.filterwarnings("ignore")
+        import fuzz_sparse
+
+        return 1 if fuzz_sparse.run(args.start, args.examples, args.show) else 0
     paths = [p for p in args.paths.split(",") if p]
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
@@ -79,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     k, done, skipped = args.start - 1, 0, 0
     while done < args.examples:
         k += 1
-        spec = random_spec(k)
+        spec = GENERATORS[args.programs](k)
         if wanted and not any(f.startswith(w) for f in features(spec) for w in wanted):
             skipped += 1
             continue

@@ -51,7 +51,9 @@ from fuzz_programs import (
     build,
     features,
     generate,
+    generate_over_arch,
     make_inputs,
+    over_arch_spec,
     random_spec,
 )
 from hypothesis import HealthCheck, given, settings
@@ -76,6 +78,15 @@ EXPERT_RULE_SEEDS = range(50, 60)
 @st.composite
 def specs(draw: st.DrawFn) -> Spec:
     return generate(DrawChoices(draw))
+
+
+@st.composite
+def over_arch_specs(draw: st.DrawFn) -> Spec:
+    return generate_over_arch(DrawChoices(draw))
+
+
+# what the engine counts when it declines a rewrite that would turn a zero gradient into None
+ZERO_GRADIENT_GUARD = "off from the gradient (eager gives"
 
 
 def _failures(spec: Spec, paths: tuple[str, ...], dtype: torch.dtype) -> list[str]:
@@ -259,6 +270,35 @@ def test_user_programs_half_precision(spec: Spec, float16: bool) -> None:
     exactly, values within half-precision rounding (a rule that computes in another dtype, or
     rounds an intermediate twice, shows here)."""
     assert _failures(spec, FAST_PATHS, half_dtype(spec, float16)) == []
+
+
+def test_over_arch_programs_reach_the_zero_gradient_guard() -> None:
+    """The over-arch programs (a slice of a cat of members of different kinds) are what the
+    fuzzer needs to see a zero gradient become None: ``cat_split`` would read the slice as its
+    one piece and drop the others' parameters, and the engine declines that. Some of the first
+    seeds must meet that guard (with it switched off, their ``grad_presence`` and ``trained``
+    checks fail on every path; docs/optimus.md "Fuzzing")."""
+    reached = []
+    for seed in range(4):
+        spec = over_arch_spec(seed)
+        gm = PATHS["default"](build(spec), make_inputs(spec), None)[0]
+        if any(ZERO_GRADIENT_GUARD in r for r in gm.optimus_report.declined_reasons):
+            reached.append(seed)
+    assert reached, "no over-arch program reached the zero-gradient guard"
+    for seed in reached[:1]:
+        assert _failures(over_arch_spec(seed), ("default", "optimize"), torch.float32) == []
+
+
+@settings(
+    max_examples=max(EXAMPLES // 6, 3),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(over_arch_specs())
+def test_over_arch_slices_keep_zero_gradients_through_training(spec: Spec) -> None:
+    """Parameters the slice leaves with zero gradients keep them (not None): after two AdamW
+    and two SGD-with-momentum steps they moved as in eager (weight decay, momentum)."""
+    assert _failures(spec, ("optimize", "relayout"), torch.float32) == []
 
 
 @pytest.mark.parametrize("seed", [0, 7, 52])
