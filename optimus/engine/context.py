@@ -286,8 +286,14 @@ class RewriteContext:
         if seg is False or seg is None:
             return seg is None
         allowed = regions.readable(cand.nodes, seg)
+        inference_here = any(regions.in_inference_mode(n) for n in cand.nodes)
         for node in created:
             for inp in node.all_input_nodes:
+                if not inference_here and inp not in created and regions.in_inference_mode(inp):
+                    # a view of an inference tensor stays one outside inference mode, where the
+                    # copy it replaces (eager's cat) was a normal tensor autograd may save
+                    self.decline(f"{cand.rule}: reads an inference-mode value outside inference mode")
+                    return False
                 if inp in created or inp in allowed or regions.of(inp) == seg:
                     continue
                 if inp.op == "get_attr" and inp not in regions.indexed:

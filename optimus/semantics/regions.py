@@ -111,6 +111,7 @@ class Regions:
         self.indexed = set(nodes)
         self.unknown = [b for b in self.boundaries if context_kind(b) == "unknown"]
         self._disabled: set[int] | None = None  # segments run with grad mode off (made on demand)
+        self._inference: set[int] | None = None  # segments inside inference_mode (made on demand)
 
     def grad_disabled(self, node: fx.Node) -> bool:
         """Whether ``node`` runs with grad mode known to be off (after a ``_set_grad_enabled(False)``
@@ -148,6 +149,29 @@ class Regions:
                 disabled.add(self.segment[b] + 1)  # the nodes after this boundary
         self._disabled = disabled
         return disabled
+
+    def in_inference_mode(self, node: fx.Node) -> bool:
+        """Whether ``node`` runs inside ``torch.inference_mode()``: its result is an inference
+        tensor, and so is every view of it, wherever the view is taken. A copy made outside (eager's
+        ``cat`` of such values) is a normal tensor that autograd may save; a view is not."""
+        seg = self.segment.get(node)
+        return seg is not None and seg in self._inference_segments()
+
+    def _inference_segments(self) -> set[int]:
+        if self._inference is not None:
+            return self._inference
+        inside: set[int] = set()
+        depth: list[bool] = []
+        for b in self.boundaries:
+            if b.target is torch.autograd.grad_mode._enter_inference_mode:
+                arg = b.args[0] if b.args else True
+                depth.append(arg is not False)
+            elif b.target is torch.autograd.grad_mode._exit_inference_mode and depth:
+                depth.pop()
+            if depth and depth[-1]:
+                inside.add(self.segment[b] + 1)
+        self._inference = inside
+        return inside
 
     @property
     def trivial(self) -> bool:
