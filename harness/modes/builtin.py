@@ -162,7 +162,6 @@ def peer_run_info() -> dict[str, Any]:
     return {"peer_options": sorted(peer_fusion_options())}
 
 
-_RUNTIME_STACK = [False]  # set by data_parallel_training(): no re-layout (see there)
 _MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
 _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
 
@@ -202,22 +201,11 @@ def memory_margin(margin: float | None) -> Iterator[None]:
         _MEMORY_MARGIN[0] = None
 
 
-@contextlib.contextmanager
-def data_parallel_training() -> Iterator[None]:
-    """Optimus modes prepared inside this block stack fused weights per call (``RuntimeStack``)
-    instead of re-laying them out once.
+def relaid_groups(gm: Any) -> int:
+    """Groups of parameters ``gm`` reads re-laid out in one storage (the rest stack per call)."""
+    from optimus.params.relayout import PREFIX
 
-    Why: DistributedDataParallel all-reduces each parameter's gradient from hooks on its
-    gradient accumulator. A re-laid-out member is not in the autograd graph (the stacked
-    parameter is; its hooks hand the gradient to the members as views), so DDP reduces the
-    stacked parameter and the members keep their rank-local gradients: the ranks' updates
-    drift from a single process (seen: dcn tiny, 2 ranks, outputs off by 1.6e-3 after one
-    step). With runtime stacking the members are the leaves DDP watches."""
-    _RUNTIME_STACK[0] = True
-    try:
-        yield
-    finally:
-        _RUNTIME_STACK[0] = False
+    return sum(1 for name, _ in gm.named_parameters() if name.rpartition(".")[2].startswith(PREFIX))
 
 
 def _optimize_relayout(
@@ -226,13 +214,15 @@ def _optimize_relayout(
     """``optimus.optimize`` with fused parameters stored re-laid out once; (module, seconds, report).
 
     ``inductor``: the result goes to torch.compile, so the cost model prices for Inductor.
-    Inside :func:`data_parallel_training` the layout is ``RuntimeStack`` instead.
+    Under a process group of two or more ranks (a sharded cell's rank, before DMP wraps the
+    model) the re-laid-out members are the autograd leaves, so DDP all-reduces them
+    (``RelayoutParams(gradients="auto")``, optimus/params/attach.py); the report records which
+    way ran (``optimus_gradients``) and why. Groups the re-layout declines stack per call.
     """
     optimus = _optimus()
-    from optimus.engine.param_layout import RuntimeStack
     from optimus.params.relayout import RelayoutParams
 
-    layout = RuntimeStack() if _RUNTIME_STACK[0] else RelayoutParams()
+    layout = RelayoutParams()
     if _COST_MODEL[0] == "measured":
         from optimus.cost.measured import MeasuredCostModel
 
@@ -247,4 +237,6 @@ def _optimize_relayout(
     dt = time.perf_counter() - t0
     fields = report_fields(getattr(gm, "optimus_report", None))
     fields["optimus_layout"] = type(layout).__name__
+    fields["optimus_gradients"] = layout.gradients_in_use()
+    fields["relaid_groups"] = relaid_groups(gm)
     return gm, dt, fields

@@ -108,6 +108,8 @@ class _Binding:
             return False
         # requires_grad: the stacked parameter's is any of the members' (short-circuits: O(1)
         # unless the group is frozen); the hooks read each member's at every backward
+        if g.attached:  # the members are the autograd leaves; the storage never requires grad
+            return still_views(g) and not stacked.requires_grad
         wants = any(map(_REQUIRES_GRAD, members))
         return still_views(g) and stacked.requires_grad == wants and (g.hooked or not wants)
 
@@ -208,7 +210,8 @@ def _restore(module: nn.Module, b: _Binding, stacked: Any) -> None:
             if isinstance(stacked, nn.Parameter) and not hasattr(stacked, STACKED_GROUP_ATTR)
             else None
         )
-        b.group = new_group(members, b.kind, b.reuse_limit, reuse)
+        attached = g.attached if g is not None else False
+        b.group = new_group(members, b.kind, b.reuse_limit, reuse, attached)
         b.group.owners.append(weakref.ref(b))
         if reuse is None:
             module.register_parameter(b.name, b.group.stacked)

@@ -78,6 +78,9 @@ class _Group:
     base_ptr: int = 0
     member_ptrs: list[int] = field(default_factory=list)
     hooked: bool = False  # the gradient hand-off hook is installed on ``stacked``
+    # the members are the autograd leaves (optimus.params.attach): no hand-off hook, and the
+    # stacked parameter never requires grad
+    attached: bool = False
     pre_hooked: bool = False  # the pre-hook for members' own tensor hooks is installed too
     user_hooks: bool = False  # a member has (or had) hooks of its own: the backward reads them
     checked: bool = False  # the per-call check found the members in place since the last backward
@@ -184,16 +187,21 @@ def make_stacked(members: Sequence[torch.Tensor], kind: _Kind) -> torch.Tensor:
 
 
 def new_group(
-    members: list[nn.Parameter], kind: _Kind, reuse_limit: int, stacked: nn.Parameter | None = None
+    members: list[nn.Parameter],
+    kind: _Kind,
+    reuse_limit: int,
+    stacked: nn.Parameter | None = None,
+    attached: bool = False,
 ) -> _Group:
     """Lay ``members`` out as ``kind`` in one storage (``stacked``'s, when given: its values are
-    replaced by the members'), re-point the members to views of it, install the gradient hooks."""
+    replaced by the members'), re-point the members to views of it, install the gradient hooks
+    (none when ``attached``: the graph reads the storage through ``attach_members``)."""
     value = make_stacked(members, kind)
     with torch.inference_mode(False):
         if stacked is None:
             stacked = nn.Parameter(torch.empty(0, dtype=value.dtype, device=value.device))
         sizes = [int(p.shape[0]) for p in members] if kind.op == "cat" else []
-        group = _Group(stacked, list(members), kind, view_fn(kind, sizes))
+        group = _Group(stacked, list(members), kind, view_fn(kind, sizes), attached=attached)
         group.reuse = value.numel() * value.element_size() <= reuse_limit * len(members)
         group.place(value)
         _watch_hooks(group)
@@ -241,7 +249,12 @@ def _watch_hooks(group: _Group) -> None:
 
 def sync_requires_grad(group: _Group) -> None:
     """The stacked parameter requires grad when any member does (so an all-frozen group's output
-    does not require grad, as in the unfused model); hooks are installed the first time it does."""
+    does not require grad, as in the unfused model); hooks are installed the first time it does.
+    An attached group's stacked parameter never requires grad: its members are the leaves."""
+    if group.attached:
+        if group.stacked.requires_grad:
+            group.stacked.requires_grad_(False)
+        return
     want = any(map(_REQUIRES_GRAD, group.members))
     if group.stacked.requires_grad != want:
         group.stacked.requires_grad_(want)
@@ -265,15 +278,18 @@ _DIST = torch.distributed if torch.distributed.is_available() else None
 def _warn_if_distributed() -> None:
     """Once per process, in a backward of a re-laid-out group with a process group of 2+ ranks:
     DistributedDataParallel reduces gradients from hooks on each parameter's gradient
-    accumulator, and a member is not in the autograd graph (the stacked parameter is), so its
-    gradient stays rank-local and the ranks drift apart (docs/optimus.md, the parameter table)."""
+    accumulator, and with the hooks a member is not in the autograd graph (the stacked parameter
+    is), so its gradient stays rank-local. Only a group made before the process group existed, or
+    with ``gradients="hooks"``, gets here: under a process group ``RelayoutParams`` attaches the
+    members (:mod:`optimus.params.attach`)."""
     dist = _DIST
     if dist is not None and dist.is_initialized() and dist.get_world_size() > 1:
         _WARNED_DISTRIBUTED[0] = True
         warnings.warn(
             "optimus re-layout under torch.distributed (world size "
             f"{dist.get_world_size()}): DistributedDataParallel does not all-reduce re-laid-out "
-            "parameters' gradients; use the default RuntimeStack layout for data-parallel training",
+            "parameters' gradients with this layout's gradient hooks; optimize after "
+            "init_process_group, or pass RelayoutParams(gradients='autograd')",
             RuntimeWarning,
             stacklevel=2,
         )

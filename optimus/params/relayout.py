@@ -40,9 +40,14 @@ re-laid-out group in a different order; the parameters differ in dtype, device, 
 strides: ``report.declined_reasons`` counts it under ``STRIDES_REASON``); a new group of fewer than ``MIN_TRAINABLE_MEMBERS`` parameters that require
 grad (the backward's gradient hand-off costs more than it saves).
 
-Why opt-in, not the default: ``torch.autograd.grad(loss, model.parameters())`` (and torch.func
-transforms) differentiate w.r.t. the original parameter objects, which are no longer in the
-autograd graph (the stacked parameter is): they get ``None``. Only ``.backward()``-style training
+Under a process group (``optimize()`` after ``init_process_group``), or with
+``RelayoutParams(gradients="autograd")``, the members themselves are the autograd leaves instead:
+the graph reads the storage through :func:`optimus.params.attach.attach_members`, so
+DistributedDataParallel (and DMP's dense DDP) all-reduces every member's gradient.
+
+Why opt-in, not the default: with the gradient hooks ``torch.autograd.grad(loss,
+model.parameters())`` (and torch.func transforms) differentiate w.r.t. the original parameter
+objects, which are no longer in the autograd graph (the stacked parameter is): they get ``None``. Only ``.backward()``-style training
 sees the gradients (through the hooks). The core's parity helper uses ``autograd.grad`` and fails
 with this layout as the default, so a default switch would silently change that API's results.
 
@@ -60,6 +65,7 @@ from torch import fx, nn
 from optimus.engine.builder import free_attr_name
 from optimus.engine.param_layout import RuntimeStack
 from optimus.params import contract as relayout_contract
+from optimus.params.attach import attach_members
 from optimus.params.group import (
     GROUP_ATTR,
     STACKED_GROUP_ATTR,
@@ -79,6 +85,7 @@ if TYPE_CHECKING:
 OWNED_FLAG = "_optimus_relayout_ok"  # set on GraphModules that optimize() owns (see api.py)
 PREFIX = "_optimus_stacked_"
 __all__ = [
+    "GRADIENTS",
     "GROUP_ATTR",
     "OWNED_FLAG",
     "PREFIX",
@@ -125,12 +132,57 @@ def _hide_from_state_dict(gm: fx.GraphModule) -> None:
     object.__setattr__(gm, "_optimus_state_hooks", True)
 
 
+GRADIENTS = ("auto", "hooks", "autograd")
+# an attached group's forward is one autograd node (a Python autograd.Function) and its backward
+# one AccumulateGrad per member, priced as one launch (optimus.params.attach)
+ATTACH_LAUNCHES = 1.0
+
+
+def process_group_size() -> int:
+    """Ranks of the default process group, 1 when there is none."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
 class RelayoutParams:
     """ParamLayout that re-lays fused parameters out once (see module docstring). Opt-in:
-    ``optimus.optimize(m, x, config=OptimusConfig(layout=RelayoutParams()))``."""
+    ``optimus.optimize(m, x, config=OptimusConfig(layout=RelayoutParams()))``.
 
-    def __init__(self) -> None:
+    ``gradients`` says how a new group's gradient reaches its members:
+
+    * ``"hooks"``: the stacked parameter is the autograd leaf and a hook hands its gradient to the
+      members (:mod:`optimus.params.group`), the fastest in a single process;
+    * ``"autograd"``: the members are the leaves, read through ``attach_members``
+      (:mod:`optimus.params.attach`): what DistributedDataParallel, DMP's dense DDP,
+      ``no_sync()`` and ``torch.autograd.grad`` with respect to the members need;
+    * ``"auto"`` (default): ``"autograd"`` when ``optimize()`` runs under a process group of two
+      or more ranks, else ``"hooks"``.
+
+    A group keeps the way it was made with (a parameter lives in one group)."""
+
+    def __init__(self, gradients: str = "auto") -> None:
+        if gradients not in GRADIENTS:
+            raise ValueError(f"RelayoutParams: gradients={gradients!r}; allowed: {', '.join(GRADIENTS)}")
         self.fallback = RuntimeStack()
+        self.gradients = gradients
+
+    def attaches(self) -> bool:
+        """Whether a group made now has its members as the autograd leaves."""
+        if self.gradients == "auto":
+            return process_group_size() > 1
+        return self.gradients == "autograd"
+
+    def gradients_in_use(self) -> str:
+        """How new groups' gradients reach their members, and why (for reports and cells)."""
+        ranks = process_group_size()
+        if self.gradients != "auto":
+            return f"{self.gradients} (asked for)"
+        if ranks > 1:
+            return f"autograd (a process group of {ranks} ranks: DDP reduces the members)"
+        return "hooks (no process group)"
 
     @staticmethod
     def _group_of(p: nn.Parameter) -> tuple[_Group, int] | None:
@@ -211,7 +263,10 @@ class RelayoutParams:
         assert members is not None
         gm = b.ctx.gm
         entry = self._group_of(members[0])
-        group = entry[0] if entry is not None else new_group(members, kind, REUSE_MAX_MEMBER_BYTES)
+        if entry is not None:
+            group = entry[0]
+        else:
+            group = new_group(members, kind, REUSE_MAX_MEMBER_BYTES, attached=self.attaches())
         name = next((n for n, p in gm._parameters.items() if p is group.stacked), None)
         if name is None:
             name = free_attr_name(gm, PREFIX)
@@ -219,7 +274,11 @@ class RelayoutParams:
             _hide_from_state_dict(gm)
             relayout_contract.bind(gm, name, group, [str(p.target) for p in params], REUSE_MAX_MEMBER_BYTES)
         with b.graph.inserting_before(b.anchor):
-            return b._add(b.graph.get_attr(name))
+            node = b._add(b.graph.get_attr(name))
+        if not group.attached:
+            return node
+        sizes = [int(p.shape[0]) for p in members] if kind.op == "cat" else None
+        return b.call(attach_members, node, sizes, *params)
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
         found = self._stack_of(params, transpose, b.ctx)
@@ -243,7 +302,8 @@ class RelayoutParams:
     def launches(self, params: Sequence[fx.Node], transpose: bool = False) -> float:
         found = self._stack_of(params, transpose)
         if found is not None:
-            return 0.1 if found[1] else 0.0  # a get_attr, and a transposed view of it
+            attach = ATTACH_LAUNCHES if self._attached(found[0], _STACK) else 0.0
+            return attach + (0.1 if found[1] else 0.0)  # a get_attr, and a transposed view of it
         return self.fallback.launches(params, transpose)
 
     def bytes_moved(self, params: Sequence[fx.Node], ctx: RewriteContext) -> float:
@@ -252,6 +312,13 @@ class RelayoutParams:
         if self._stack_of(params, False) is not None:
             return 0.0
         return self.fallback.bytes_moved(params, ctx)
+
+    def _attached(self, params: Sequence[fx.Node], kind: _Kind) -> bool:
+        """Whether the graph reads these parameters' storage through ``attach_members``: their
+        group's way when they are laid out already, else this layout's."""
+        members = self._members(params, kind)
+        entry = self._group_of(members[0]) if members else None
+        return entry[0].attached if entry is not None else self.attaches()
 
 
 def _transposed_params(params: Sequence[fx.Node]) -> list[fx.Node] | None:

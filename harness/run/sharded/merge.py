@@ -129,7 +129,8 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
         cell[name] = max(vals) if vals else None
     first = ranks[0]
     for name in ("optimus_s", "nodes_before", "nodes_after", "rules_fired", "stop_reason", "optimus_graphs",
-                 "optimus_path", "optimus_layout", "peer_options", "peak_mem_method"):  # fmt: skip
+                 "optimus_path", "optimus_layout", "optimus_gradients", "relaid_groups", "peer_options",
+                 "peak_mem_method"):  # fmt: skip
         if first.get(name) is not None:
             cell[name] = first[name]
     par = [r.get("parity") or {} for r in ranks]

@@ -4,8 +4,8 @@ Order inside a rank: join the process group (with a timeout, so no rank waits fo
 dead peer), build the model (seeded: every rank and the reference build the same weights),
 keep an unsharded eager copy as the single-process reference, take this rank's share of
 every batch, prepare the mode on the dense arch (before DistributedModelParallel wraps it, so
-DDP all-reduces the parameters the mode really runs; in training without the re-layout, which
-DDP cannot reduce: harness.modes.builtin.data_parallel_training),
+DDP all-reduces the parameters the mode really runs: under the process group the re-layout
+makes its members the autograd leaves, optimus/params/attach.py),
 shard the tables with the parent's plan and load the reference's table weights into the
 shards, then: the first call (compile time), the parity steps against the reference (outputs
 of every step; in training the updated tables and dense parameters), warm-up, timed steps
@@ -139,12 +139,10 @@ def _join(cfg: dict[str, Any], rank: int, progress: Progress) -> tuple[str, Any]
     return device_kind, device
 
 
-def _prepare(key: CellKey, module: Any, example: tuple[Any, ...], train: bool) -> Any:
-    """The mode prepared on the dense arch; in training without the re-layout, which DDP cannot
-    reduce (``builtin.data_parallel_training``)."""
-    if train:
-        with builtin.data_parallel_training():
-            return mode_registry.prepare(key.mode, module.dense, example)
+def _prepare(key: CellKey, module: Any, example: tuple[Any, ...]) -> Any:
+    """The mode prepared on the dense arch, under the process group: the re-layout makes its
+    members the autograd leaves there, so DMP's dense DDP all-reduces them (the cell's
+    ``optimus_gradients`` says so)."""
     return mode_registry.prepare(key.mode, module.dense, example)
 
 
@@ -226,7 +224,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     local = [data.local_batch(bt, rank, world) for bt in batches]
 
     progress.set("prepare")
-    prepared = _prepare(key, module, cell.example_inputs(b, local), train)
+    prepared = _prepare(key, module, cell.example_inputs(b, local))
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     mode = mode_registry.get(key.mode)

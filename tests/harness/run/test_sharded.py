@@ -115,13 +115,15 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
 def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
     tmp_path: Path, mark: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # dcn's dense arch under eager+optimus: with the re-layout DDP reduced the stacked parameter,
-    # not its members, and the ranks drifted (outputs off by 1.6e-3 after one step); training
-    # under DDP stacks per call instead (harness.modes.builtin.data_parallel_training)
+    # dcn's dense arch under eager+optimus: with the re-layout's gradient hooks DDP reduced the
+    # stacked parameter, not its members, and the ranks drifted (outputs off by 1.6e-3 after one
+    # step); under the process group the members are the autograd leaves DDP reduces
     cfg = _cfg(models=["dcn"], modes=["eager+optimus"], sharding="data_parallel", phases=["train"])
     ok = _run(tmp_path, cfg, "dp.json")["cells"][0]
     assert ok["status"] == "ok", ok.get("error")
-    assert ok["optimus_layout"] == "RuntimeStack"
+    assert ok["optimus_layout"] == "RelayoutParams"
+    assert ok["optimus_gradients"].startswith("autograd (a process group of 2 ranks")
+    assert ok["relaid_groups"] > 0  # the re-layout ran, not only the per-call stack
     assert all(s["replica"] for r in ok["ranks"] for s in r["shard"])  # every rank holds every table
     assert ok["parity"]["max_param_err"] <= 1e-4 and ok["parity"]["max_out_err"] <= 1e-4
 

@@ -1,20 +1,24 @@
-"""The re-layout under DistributedDataParallel: why it is documented as unsupported, and that
-the default layout is right there.
+"""The re-layout under DistributedDataParallel: two gloo ranks on CPU (spawned processes), each
+with half of every batch, against one process with the whole batch.
 
-Two gloo ranks on CPU (spawned processes), each with half of a batch. DDP all-reduces what its
-hooks on each parameter's gradient accumulator see: with ``RuntimeStack`` those are the user's
-parameters, so every rank ends with the full-batch gradient; with ``RelayoutParams`` the members
-are not in the autograd graph, their gradients stay rank-local (the failure seen on dcn in the
-sharded harness), and optimus warns once.
+``optimize()`` under a process group lays fused parameters out with their members as the autograd
+leaves (``RelayoutParams(gradients="auto")``, optimus/params/attach.py), so DDP all-reduces every
+member's gradient: both ranks hold the same gradients, equal to the full batch's, and the same
+parameters after 5 steps of SGD with momentum or Adam. With the gradient hooks instead (the
+single-process default, and what every process group got before), the members' gradients stay
+rank-local and DDP raises at the second step.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
-import warnings
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,44 +27,103 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import optimus
-from optimus.engine.param_layout import RuntimeStack
-from optimus.params.relayout import RelayoutParams
+from optimus.params.relayout import PREFIX, RelayoutParams
+
+STEPS = 5
+BATCH = 32
 
 
-class Towers(nn.Module):
-    """Eight per-feature towers over the slices of one [B, 8, 32] input (big enough that the
-    default cost model fuses them with either layout)."""
+class LinearNormTowers(nn.Module):
+    """Eight towers of Linear -> LayerNorm -> ReLU over the slices of one [B, 8, 32] input: two
+    group kinds, the linears' weights and biases and the norms' affines."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.towers = nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+        self.towers = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.ReLU()) for _ in range(8)
+        )
+        self.head = nn.Linear(8 * 32, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t(p) for t, p in zip(self.towers, x.unbind(1), strict=True)], 1)
+        return self.head(torch.cat([t(p) for t, p in zip(self.towers, x.unbind(1), strict=True)], 1))
 
 
-def _batch() -> torch.Tensor:
-    return torch.randn(64, 8, 32, generator=torch.Generator().manual_seed(1))
-
-
-def _rank(rank: int, port: int, layout: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _linear_norm() -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.Tensor, Callable[..., Any]]:
     torch.manual_seed(0)
-    model = Towers()
-    mine = (_batch()[rank * 32 : (rank + 1) * 32],)
-    chosen = RelayoutParams() if layout == "relayout" else RuntimeStack()
-    cfg = optimus.OptimusConfig(rules=["batch_linear"], layout=chosen)
-    gm = optimus.optimize(model, mine, config=cfg)
-    fired = gm.optimus_report.rules_fired.get("batch_linear", 0)
-    ddp = nn.parallel.DistributedDataParallel(gm)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ddp(*mine).sum().backward()
-    grads = {n: p.grad.tolist() for n, p in model.named_parameters() if p.grad is not None}
-    Path(out, f"rank{rank}.json").write_text(
-        json.dumps({"fired": fired, "grads": grads, "warnings": [str(w.message) for w in caught]})
-    )
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH, 8, 32, generator=g), torch.rand(BATCH, 1, generator=g)
+    return LinearNormTowers(), (x,), y, nn.functional.mse_loss
+
+
+def _towers_tiny() -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.Tensor, Callable[..., Any]]:
+    import models
+
+    built = models.build("towers", scale="tiny", device="cpu", seed=0)
+    batch = built.batches[0]
+    with torch.no_grad():
+        inputs = tuple(t.detach() for t in built.dense_inputs(batch))
+    return built.module.dense, inputs, batch.labels, built.loss
+
+
+MODELS = {"linear_norm": _linear_norm, "towers_tiny": _towers_tiny}
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+}
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "a parameter got no gradient"
+    return p.grad
+
+
+def _rows(t: torch.Tensor, rank: int, ranks: int) -> torch.Tensor:
+    n = t.shape[0] // ranks
+    return t[rank * n : (rank + 1) * n]
+
+
+def _train(model: nn.Module, run: nn.Module, inputs: Any, labels: torch.Tensor, loss_fn: Any,
+           opt: torch.optim.Optimizer) -> list[dict[str, list[float]]]:  # fmt: skip
+    """STEPS steps; each step's gradients by parameter name (None recorded as missing)."""
+    grads = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(run(*inputs), labels).backward()
+        grads.append(
+            {n: p.grad.flatten().tolist() for n, p in model.named_parameters() if p.grad is not None}
+        )
+        opt.step()
+    return grads
+
+
+def _rank(rank: int, port: int, name: str, optimizer: str, gradients: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    record: dict[str, Any] = {}
+    try:
+        torch.set_num_threads(1)
+        model, inputs, labels, loss_fn = MODELS[name]()
+        mine = tuple(_rows(t, rank, 2) for t in inputs)
+        layout = RelayoutParams() if gradients == "auto" else RelayoutParams(gradients=gradients)
+        cfg = optimus.OptimusConfig(layout=layout)
+        gm = optimus.optimize(model, mine, config=cfg)
+        record["stacked"] = sorted(n for n, _ in gm.named_parameters() if n.startswith(PREFIX))
+        record["attached"] = sum(
+            getattr(n.target, "__name__", "") == "attach_members" for n in gm.graph.nodes
+        )
+        # the captured module's keys (Dynamo's names), one per parameter, none of the storage
+        keys = list(gm.state_dict())
+        record["state_dict_keys"] = len(keys) == len(model.state_dict()) and not any(
+            PREFIX in k for k in keys
+        )
+        ddp = nn.parallel.DistributedDataParallel(gm)
+        opt = OPTIMIZERS[optimizer](model.parameters())
+        record["grads"] = _train(model, ddp, mine, _rows(labels, rank, 2), loss_fn, opt)
+        record["params"] = {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
+    except Exception as exc:  # the parent reads the failure; the peer is not left waiting
+        record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        record["trace"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 
 
@@ -70,33 +133,100 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(tmp_path: Path, layout: str) -> tuple[dict, dict]:
-    mp.spawn(_rank, args=(_free_port(), layout, str(tmp_path)), nprocs=2, join=True)
+def _spawn(fn: Callable[..., None], tmp_path: Path, *args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    mp.spawn(fn, args=(_free_port(), *args, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     return r0, r1
 
 
-def _full_batch_grads() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    model = Towers()
-    # DDP averages over ranks: each rank's loss is a half-batch sum, so the mean of the two
-    # half-batch gradients is half the full-batch gradient
-    (model(_batch()).sum() / 2).backward()
-    return {n: p.grad for n, p in model.named_parameters()}
+def _single_process(
+    name: str, optimizer: str
+) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """The unfused model on the whole batch, eager: each step's gradients and the end parameters.
+    DDP averages the ranks' gradients; the losses are means over rows, so the mean of the two
+    half-batch gradients is the whole batch's."""
+    torch.set_num_threads(1)
+    model, inputs, labels, loss_fn = MODELS[name]()
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    grads = [
+        {n: torch.tensor(v) for n, v in g.items()} for g in _train(model, model, inputs, labels, loss_fn, opt)
+    ]
+    return grads, {n: p.detach().flatten() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("layout", ["runtime", "relayout"])
-def test_ddp_reduces_the_default_layout_and_not_the_relayout(tmp_path: Path, layout: str) -> None:
-    r0, r1 = _run(tmp_path, layout)
-    assert r0["fired"] == r1["fired"] == 1  # the eight linears were fused on both ranks
-    want = _full_batch_grads()
-    reduced = all(
-        torch.allclose(torch.tensor(r["grads"][n]), want[n], atol=1e-6) for r in (r0, r1) for n in want
-    )
-    warned = [w for w in r0["warnings"] if "does not all-reduce re-laid-out" in w]
-    if layout == "runtime":
-        assert reduced and warned == []
-    else:
-        assert not reduced  # rank-local gradients: why DDP training must not use the re-layout
-        assert r0["grads"] != r1["grads"]
-        assert len(warned) == 1
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_ddp_reduces_every_member_of_the_relayout(tmp_path: Path, name: str, optimizer: str) -> None:
+    r0, r1 = _spawn(_rank, tmp_path, name, optimizer, "auto")
+    assert "error" not in r0 and "error" not in r1, r0.get("trace") or r1.get("trace")
+    assert r0["stacked"] and r0["stacked"] == r1["stacked"]  # the re-layout really ran
+    assert r0["attached"] == r1["attached"] == len(r0["stacked"])
+    assert r0["state_dict_keys"] and r1["state_dict_keys"]
+    want_grads, want_params = _single_process(name, optimizer)
+    for step, (g0, g1, want) in enumerate(zip(r0["grads"], r1["grads"], want_grads, strict=True)):
+        assert g0 == g1, f"step {step}: the ranks' gradients differ"
+        assert set(g0) == set(want), f"step {step}: gradients of {sorted(set(want) ^ set(g0))}"
+        for n, w in want.items():
+            torch.testing.assert_close(torch.tensor(g0[n]), w, atol=1e-5, rtol=1e-4, msg=f"step {step} {n}")
+    assert r0["params"] == r1["params"], "the ranks' parameters differ after the steps"
+    for n, w in want_params.items():
+        torch.testing.assert_close(torch.tensor(r0["params"][n]), w, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_gradient_hooks_under_ddp_leave_the_members_unreduced(tmp_path: Path) -> None:
+    """Why a process group gets the attached members: with the hooks DDP never sees a member's
+    gradient arrive, and the next step fails."""
+    r0, r1 = _spawn(_rank, tmp_path, "linear_norm", "sgd_momentum", "hooks")
+    for r in (r0, r1):
+        assert r["stacked"] and r["attached"] == 0
+        assert "error" in r and "finished reduction in the prior iteration" in r["error"]
+
+
+def _rank_contract(rank: int, port: int, out: str) -> None:
+    """no_sync() accumulation, static-graph DDP, state_dict and a checkpoint round trip."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    record: dict[str, Any] = {}
+    try:
+        torch.set_num_threads(1)
+        model, (x,), y, loss_fn = _linear_norm()
+        xs, ys = _rows(x, rank, 2), _rows(y, rank, 2)
+        gm = optimus.optimize(model, (xs,), config=optimus.OptimusConfig(layout=RelayoutParams()))
+        ddp = nn.parallel.DistributedDataParallel(gm, static_graph=True)
+        # static graph records its schedule in a first, synchronized iteration (PyTorch's own
+        # reducer asserts when that iteration starts under no_sync, with an unfused model too)
+        loss_fn(ddp(xs), ys).backward()
+        ddp.zero_grad(set_to_none=True)
+        with ddp.no_sync():  # first half of this rank's rows: local accumulation only
+            (loss_fn(ddp(xs[:8]), ys[:8]) / 2).backward()
+        (loss_fn(ddp(xs[8:]), ys[8:]) / 2).backward()
+        record["grads"] = {n: _grad(p).flatten().tolist() for n, p in model.named_parameters()}
+        state = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+        record["keys"] = sorted(state)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        ddp.module.load_state_dict(state)
+        record["restored"] = all(torch.equal(ddp.module.state_dict()[k], v) for k, v in state.items())
+        record["out_after_load"] = ddp(xs).flatten().tolist()
+        record["eager_after_load"] = model(xs).flatten().tolist()
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        record["trace"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+def test_no_sync_static_graph_and_checkpoints_keep_working(tmp_path: Path) -> None:
+    r0, r1 = _spawn(_rank_contract, tmp_path)
+    assert "error" not in r0 and "error" not in r1, r0.get("trace") or r1.get("trace")
+    assert r0["grads"] == r1["grads"]
+    model, inputs, labels, loss_fn = _linear_norm()
+    loss_fn(model(*inputs), labels).backward()  # whole batch: the mean of the four quarter means
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(
+            torch.tensor(r0["grads"][n]), _grad(p).flatten(), atol=1e-5, rtol=1e-4, msg=n
+        )
+    assert len(r0["keys"]) == len(model.state_dict()) and not any(PREFIX in k for k in r0["keys"])
+    assert r0["restored"] and r1["restored"]
+    torch.testing.assert_close(torch.tensor(r0["out_after_load"]), torch.tensor(r0["eager_after_load"]))
