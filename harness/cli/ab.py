@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from harness import exit_codes
 from harness.cli.common import add_provider_option, finite_float
@@ -29,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (default: 3)")
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes per mode; 2 or more also report the spread between a mode's processes (default: 1)")  # fmt: skip
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks of a sharded run (torchrun, DistributedModelParallel): 2 or more time the modes inside one job, all ranks in step, slowest rank per step (default: 1, no sharding)")  # fmt: skip
+    p.add_argument("--sharding", default="auto",
+                   help="with --nproc: the tables' sharding, as run --sharding (default: auto)")  # fmt: skip
+    p.add_argument("--timeout-s", type=finite_float, default=3600.0,
+                   help="with --nproc: the whole job's limit in seconds (default: 3600)")  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default (default: 1)")
@@ -50,16 +57,56 @@ def main(args: argparse.Namespace) -> int:
     load_provider(args.provider)  # a bad --provider is one line and BAD_INPUT, before any work
     if args.out:
         check_output_file(args.out)  # before measuring: the measurement takes minutes
-    doc = interleaved.run_ab(
-        args.model, args.scale, args.phase, names,
-        rounds=args.rounds, steps=args.steps, warmup=args.warmup, processes=args.processes,
-        device=resolve_device(args.device),
-        seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
-        log=lambda msg: print(msg, file=sys.stderr, flush=True),
-    )  # fmt: skip
+    if args.nproc < 1:
+        raise ValueError(f"--nproc: {args.nproc}; need 1 (no sharding) or more ranks")
+    if args.nproc > 1:
+        doc = _sharded(args, names)
+        if doc is None:
+            return exit_codes.INCOMPLETE
+    else:
+        doc = _single(args, names)
     print(interleaved.format_ab(doc))
     if args.out:
         results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")
     mismatched = [m for m, r in doc["modes"].items() if not r.get("parity_vs_base", {"ok": True})["ok"]]
     return exit_codes.MISMATCH if mismatched else exit_codes.OK
+
+
+def _single(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    from harness.run import interleaved
+
+    return interleaved.run_ab(
+        args.model, args.scale, args.phase, names,
+        rounds=args.rounds, steps=args.steps, warmup=args.warmup, processes=args.processes,
+        device=resolve_device(args.device),
+        seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )  # fmt: skip
+
+
+def _sharded(args: argparse.Namespace, names: list[str]) -> dict[str, Any] | None:
+    """The modes side by side in one torchrun job; None (after one line on stderr) when it failed."""
+    from harness.modes import mode_registry
+    from harness.run.interleaved import check_choice
+    from harness.run.sharded.ab import ShardedABError, run_ab_sharded
+    from harness.spec import PHASES
+
+    if args.processes != 1:
+        raise ValueError("--processes: with --nproc the ranks are the processes; leave --processes at 1")
+    if resolve_device(args.device) != "cpu":
+        raise ValueError("--nproc: side-by-side sharded runs use gloo on CPU; pass --device cpu")
+    check_choice(names, mode_registry.names(), "modes")
+    check_choice([args.phase], PHASES, "phase")
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise ValueError(f"modes: need two or more distinct modes, got {names}")
+    try:
+        return run_ab_sharded(
+            args.model, args.scale, args.phase, names, nproc=args.nproc, sharding=args.sharding,
+            rounds=args.rounds, steps=args.steps, warmup=args.warmup, seed=args.seed, threads=args.threads,
+            atol=args.atol, rtol=args.rtol, provider=args.provider, timeout_s=args.timeout_s,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )  # fmt: skip
+    except ShardedABError as e:
+        print(f"optimus-bench ab: {e}", file=sys.stderr)
+        return None

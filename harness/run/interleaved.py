@@ -29,7 +29,7 @@ from harness.run import cell as cell_mod
 from harness.spec import PHASES
 
 
-def _check(names: Sequence[str], allowed: Sequence[str], what: str) -> None:
+def check_choice(names: Sequence[str], allowed: Sequence[str], what: str) -> None:
     bad = [n for n in names if n not in allowed]
     if bad:
         raise ValueError(f"{what}: unknown {bad}; allowed values: {', '.join(allowed)}")
@@ -109,8 +109,8 @@ def run_ab(
     from harness.run.paired import PairOptions, SideSpec, measure_sides
     from harness.run.paired_modes import this_checkout
 
-    _check(mode_names, mode_registry.names(), "modes")
-    _check([phase], PHASES, "phase")
+    check_choice(mode_names, mode_registry.names(), "modes")
+    check_choice([phase], PHASES, "phase")
     if len(mode_names) < 2 or len(set(mode_names)) != len(mode_names):
         raise ValueError(f"modes: need two or more distinct modes, got {list(mode_names)}")
     opt = PairOptions(rounds=rounds, max_rounds=rounds, steps=steps, warmup=warmup, processes=processes,
@@ -168,9 +168,14 @@ def format_ab(doc: dict[str, Any]) -> str:
     """Markdown table of an ``ab`` result."""
     base = doc["base"]
     cfg = doc["config"]
+    where = (
+        f"{cfg['nproc']} ranks in one torchrun job ({doc.get('plan_summary', 'sharded')}), slowest rank per step"
+        if cfg.get("nproc", 1) > 1
+        else f"{cfg.get('processes', 1)} worker process(es) per mode"
+    )
     lines = [
         f"{doc['model']}/{doc['scale']}/{doc['phase']}, {cfg['rounds']} rounds x {cfg['steps']} steps, "
-        f"{cfg.get('processes', 1)} worker process(es) per mode, interleaved; speedup = {base} ms / mode ms, per round",
+        f"{where}, interleaved; speedup = {base} ms / mode ms, per round",
         "",
         f"| mode | median ms (IQR) | speedup vs {base} (95% CI) | first call s | parity vs {base} |",
         "| --- | --- | --- | --- | --- |",

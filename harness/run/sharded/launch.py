@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,68 @@ def plan_for(config: dict[str, Any], model: str) -> dict[str, Any]:
     return doc
 
 
-def torchrun_cmd(nproc: int, spec_path: Path, out_dir: Path) -> list[str]:
+RANK_MODULE = "harness.run.sharded.rank"
+
+
+def torchrun_cmd(nproc: int, spec_path: Path, out_dir: Path, module: str = RANK_MODULE) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--max-restarts", "0", "--monitor-interval", "0.5",
-        "-m", "harness.run.sharded.rank", str(spec_path), str(out_dir),
+        "-m", module, str(spec_path), str(out_dir),
     ]  # fmt: skip
+
+
+@dataclass
+class Job:
+    """What a finished (or killed) torchrun job left: each rank's record and progress, the log."""
+
+    recs: dict[int, dict[str, Any]]
+    prog: dict[int, dict[str, Any]]
+    log_text: str
+    rc: int
+    timed_out: bool
+
+
+def run_job(spec: dict[str, Any], nproc: int, config: dict[str, Any], timeout_s: float, label: str,
+            module: str = RANK_MODULE) -> Job:  # fmt: skip
+    """``module`` on ``nproc`` ranks under torchrun with ``spec``; every process of the job is
+    killed when it ends, fails or passes ``timeout_s``. Never raises on a rank's fault."""
+    with tempfile.TemporaryDirectory(prefix="optimus-bench-sharded-") as tmp:
+        spec_path, out_dir, log_path = Path(tmp, "spec.json"), Path(tmp, "ranks"), Path(tmp, "torchrun.log")
+        out_dir.mkdir()
+        spec_path.write_text(json.dumps(spec))
+        cell_id = uuid.uuid4().hex
+        env = child_env(str(Path(tmp, "inductor-cache")), int(config.get("threads") or 0))
+        env[procs.CELL_ID_ENV] = cell_id
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["TORCHELASTIC_ERROR_FILE"] = str(Path(tmp, "error.json"))
+        timed_out = False
+        with open(log_path, "wb") as log:
+            from harness.env import REPO_ROOT
+
+            proc = subprocess.Popen(
+                torchrun_cmd(nproc, spec_path, out_dir, module), stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=str(REPO_ROOT), start_new_session=True,
+            )  # fmt: skip
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out, rc = True, -9
+            except BaseException:
+                procs.kill_cell(proc.pid, cell_id)
+                proc.wait()
+                raise
+            finally:
+                procs.kill_cell(proc.pid, cell_id)  # ranks outlive torchrun's group: sweep by mark
+                proc.wait()
+        log_text = log_path.read_text(errors="replace")
+        keep = os.environ.get(KEEP_LOG_ENV)
+        if keep:  # the whole torchrun log of every cell, for debugging a rank
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            Path(keep, f"{label.replace('/', '_')}.log").write_text(log_text)
+        recs, prog = merge.read_ranks(out_dir, nproc)
+    return Job(recs, prog, log_text, rc, timed_out)
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -74,42 +130,10 @@ def run_sharded(
     cell["plan"] = plan_doc
     cell["plan_summary"] = planmod.describe(plan_doc)
     pg_timeout = float(config.get("pg_timeout_s") or DEFAULT_PG_TIMEOUT_S)
-    with tempfile.TemporaryDirectory(prefix="optimus-bench-sharded-") as tmp:
-        spec_path, out_dir, log_path = Path(tmp, "spec.json"), Path(tmp, "ranks"), Path(tmp, "torchrun.log")
-        out_dir.mkdir()
-        spec = {"model": key.model, "scale": key.scale, "mode": key.mode, "phase": key.phase,
-                "config": {**config, "pg_timeout_s": pg_timeout}, "plan": plan_doc}  # fmt: skip
-        spec_path.write_text(json.dumps(spec))
-        cell_id = uuid.uuid4().hex
-        env = child_env(str(Path(tmp, "inductor-cache")), int(config.get("threads") or 0))
-        env[procs.CELL_ID_ENV] = cell_id
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["TORCHELASTIC_ERROR_FILE"] = str(Path(tmp, "error.json"))
-        timed_out = False
-        with open(log_path, "wb") as log:
-            from harness.env import REPO_ROOT
-
-            proc = subprocess.Popen(
-                torchrun_cmd(nproc, spec_path, out_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
-                cwd=str(REPO_ROOT), start_new_session=True,
-            )  # fmt: skip
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out, rc = True, -9
-            except BaseException:
-                procs.kill_cell(proc.pid, cell_id)
-                proc.wait()
-                raise
-            finally:
-                procs.kill_cell(proc.pid, cell_id)  # ranks outlive torchrun's group: sweep by mark
-                proc.wait()
-        log_text = log_path.read_text(errors="replace")
-        keep = os.environ.get(KEEP_LOG_ENV)
-        if keep:  # the whole torchrun log of every cell, for debugging a rank
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            Path(keep, f"{key.label().replace('/', '_')}.log").write_text(log_text)
-        recs, prog = merge.read_ranks(out_dir, nproc)
+    spec = {"model": key.model, "scale": key.scale, "mode": key.mode, "phase": key.phase,
+            "config": {**config, "pg_timeout_s": pg_timeout}, "plan": plan_doc}  # fmt: skip
+    job = run_job(spec, nproc, config, timeout_s, key.label())
+    recs, prog, log_text, rc, timed_out = job.recs, job.prog, job.log_text, job.rc, job.timed_out
     cell["wall_s"] = time.perf_counter() - t0
     cell["finished_at"] = time.time()
     all_done = len(recs) == nproc and all(r.get("status") in ("ok", "mismatch") for r in recs.values())

@@ -358,9 +358,18 @@ def timed_steps(
 
 
 def main(argv: list[str] | None = None) -> int:
+    return serve(run_rank, "harness.run.sharded.rank", argv)
+
+
+RankRun = Callable[[dict[str, Any], int, int, Progress], dict[str, Any]]
+
+
+def serve(run: RankRun, module: str, argv: list[str] | None = None) -> int:
+    """A rank's process: read the spec, ``run`` it, write ``rank<R>.json`` atomically (the
+    record, or the failure with where it happened), leave the process group."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: torchrun ... -m harness.run.sharded.rank SPEC.json OUT_DIR", file=sys.stderr)
+        print(f"usage: torchrun ... -m {module} SPEC.json OUT_DIR", file=sys.stderr)
         return 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out_dir = Path(args[1])
@@ -374,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args[0]).read_text())
     ok = True
     try:
-        rec = run_rank(spec, rank, world, progress)
+        rec = run(spec, rank, world, progress)
     except Exception as e:
         ok = False
         tb = traceback.format_exc().strip().splitlines()
