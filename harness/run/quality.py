@@ -56,9 +56,9 @@ def _heldout_scores(b: Any, module: Any, batches: list[Any]) -> tuple[list[float
     """(AUC per task, logloss) of ``module`` on the held-out batches, scored with the forward it
     trained with: train mode, grad enabled, the autograd graph dropped with each batch. Why not
     eval mode under ``no_grad``: it is another graph for a compiled mode (one more compile per
-    cell), and switching compile+optimus to eval re-captures the Optimus module inside
-    ``torch.compile(fullgraph=True)``, which fails (Dynamo refuses the re-capture's
-    ``torch.compiler.disable``'d ``_sync_relayout``; found by the first quality run). The families
+    cell), and switching compile+optimus to eval re-captures the Optimus module, which
+    ``torch.compile(fullgraph=True)`` cannot trace (it stops with Optimus's reason; found by the
+    first quality run). The families
     have no dropout or batch norm, so both forwards compute the same; a provider's model with
     dropout would be scored with it on."""
     import torch

@@ -153,10 +153,19 @@ class CallGuard:
         return None if bound.kwargs else tuple(bound.args)
 
 
+def _recapture(guard: CallGuard, gm: fx.GraphModule, call: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Restore a re-laid-out group whose members were changed (``.to()``, ``assign=True``), then
+    dispatch to a new or kept graph. Why the restore first: the forward pre-hook that does it per
+    call runs only inside ``call``, after a re-capture has already read the members."""
+    relayout_contract.sync(gm)
+    return guard.dispatch(call, args)
+
+
 # Under torch.compile, Dynamo traces __call__'s check (it becomes guards); a call that does not
-# match re-optimizes outside the compiled graph (a graph break; an error under fullgraph=True).
+# match re-optimizes outside the compiled graph (a graph break; an error under fullgraph=True,
+# whose message is this reason).
 _dispatch = torch.compiler.disable(
-    CallGuard.dispatch,
+    _recapture,
     reason=(
         "optimus: this optimized module was called with inputs or a train/eval mode its graph was "
         "not captured for, or after the model's parameters or submodules were replaced, and "
@@ -164,16 +173,6 @@ _dispatch = torch.compiler.disable(
         "without fullgraph=True"
     ),
 )
-
-
-def _sync_relayout(gm: fx.GraphModule) -> None:
-    """Restore a re-laid-out group whose members were changed (``.to()``, ``assign=True``) before
-    the module is re-captured for a new call. Why: the forward pre-hook that does this per call
-    runs only inside ``super().__call__``, after the re-capture has already read the members."""
-    relayout_contract.sync(gm)
-
-
-_sync_relayout = torch.compiler.disable(_sync_relayout, reason="optimus: re-capture outside torch.compile")
 
 
 class SpecializedGraphModule(fx.GraphModule):
@@ -193,8 +192,7 @@ class SpecializedGraphModule(fx.GraphModule):
         known = guard.variant_for(args)
         if known is not None:
             return known(*args)
-        _sync_relayout(self)  # a re-capture reads the original module's parameters: connect them
-        return _dispatch(guard, super().__call__, args)
+        return _dispatch(guard, self, super().__call__, args)
 
     def train(self, mode: bool = True) -> SpecializedGraphModule:
         """Set this module's mode and the original module's (whose mode selects the graph)."""

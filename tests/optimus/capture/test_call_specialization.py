@@ -107,3 +107,21 @@ def test_optimus_backend_guards_scalars_and_shapes() -> None:
     torch.testing.assert_close(compiled(x, 3.0), model(x, 3.0))
     y = torch.randn(5, 8)
     torch.testing.assert_close(compiled(y, 3.0), model(y, 3.0))
+
+
+def test_a_mode_switch_under_fullgraph_compile_names_the_cause() -> None:
+    """Under ``torch.compile(fullgraph=True)`` a call after ``eval()`` needs a re-capture, which
+    cannot be traced: the error is Optimus's one-line reason with the way out, not an internal
+    helper's name. Without ``fullgraph`` the re-capture runs as a graph break and gives eager's
+    result."""
+    model, gm = _optimized("relayout")
+    x = torch.randn(8, 256)
+    strict = torch.compile(gm, backend="eager", fullgraph=True)
+    strict(x)
+    gm.eval()
+    with pytest.raises(Exception, match=r"re-optimizes outside torch\.compile") as err:
+        strict(x)
+    assert "optimus.optimize again" in str(err.value) and "_sync_relayout" not in str(err.value)
+    torch._dynamo.reset()
+    loose = torch.compile(gm, backend="eager")
+    torch.testing.assert_close(loose(x), model(x))
