@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import models
@@ -72,11 +70,9 @@ def _forbid_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_tables_too_big_rejected_before_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
-    _forbid_allocation(monkeypatch)
-    start = time.perf_counter()
+    _forbid_allocation(monkeypatch)  # the check: any allocation before the refusal raises
     with pytest.raises(ValueError, match=r"GiB.*memory_budget_gib=8.0.*rows_per_table"):
         models.build("dlrm", "large", overrides={"rows_per_table": 50_000_000})
-    assert time.perf_counter() - start < 5.0
 
 
 def test_dense_too_big_rejected_before_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
