@@ -69,8 +69,9 @@ def run_ab_sharded(
         _, reason = merge.diagnose(job.recs, job.prog, job.log_text, nproc, job.timed_out, timeout_s,
                                    float(config["pg_timeout_s"]))  # fmt: skip
         raise ShardedABError(f"sharded ab of {model}/{scale}/{phase}: {reason}")
-    sides = job.recs[0]["sides"]
-    return summarize(model, scale, phase, sides, config, plan_doc, time.perf_counter() - t0)
+    doc = summarize(model, scale, phase, job.recs[0]["sides"], config, plan_doc, time.perf_counter() - t0)
+    doc["loadavg_1m"] = job.recs[0].get("loadavg_1m")  # at the end of rank 0's rounds
+    return doc
 
 
 def summarize(model: str, scale: str, phase: str, sides: list[dict[str, Any]], config: dict[str, Any],
