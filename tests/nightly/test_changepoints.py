@@ -143,6 +143,6 @@ def test_noise_measured_from_the_committed_tiny_runs() -> None:
     from harness.store import results
 
     a = results.load("results/tiny/at-32c82f5.json")
-    b = results.load("results/tiny/reproduce-tiny.json")
+    b = results.load("results/tiny/at-855119b.json")
     noise, cells = noise_from_results(a, b)
     assert cells == 40 and 0.03 < noise < 0.06  # 4.8%: the 4.5% is in range
