@@ -322,16 +322,23 @@ def _parity(
     return mismatch
 
 
-def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
+def begin(spec: dict[str, Any]) -> tuple[CellKey, dict[str, Any], dict[str, Any], str]:
+    """What every cell process does first: (key, config, empty record, device), with the compile
+    caches off and the run's thread count set, so a cell's first call is a cold compile."""
     key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
     cfg = spec["config"]
-    cell = cell_record.empty(key)
     builtin.disable_compile_caches()
     import torch
 
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
-    device = cfg.get("device", "cpu")
+    return key, cfg, cell_record.empty(key), cfg.get("device", "cpu")
+
+
+def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
+    key, cfg, cell, device = begin(spec)
+    import torch
+
     b, batches = _build(cfg, key, cell)
     module = b.module
     mode = mode_registry.get(key.mode)

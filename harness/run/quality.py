@@ -25,8 +25,7 @@ from typing import Any
 from harness.measure import quality, timing
 from harness.modes import builtin, mode_registry
 from harness.run import cell as cellmod
-from harness.spec import CellKey, load_provider
-from harness.store import cell_record
+from harness.spec import load_provider
 
 Prepare = Callable[[Any, tuple[Any, ...]], Any]  # (dense, example inputs) -> builtin.Prepared
 
@@ -147,15 +146,9 @@ def run_quality_cell(spec: dict[str, Any], prepare: Prepare | None = None) -> di
     """The quality cell of ``spec`` (the runner starts this module instead of ``harness.run.cell``
     when the run's config has ``quality_steps``). ``prepare``: the mode's preparation (default: the mode registry's; a test
     passes one that injects an error)."""
-    key = CellKey(spec["model"], spec["scale"], spec["mode"], spec["phase"])
-    cfg = spec["config"]
-    cell = cell_record.empty(key)
-    builtin.disable_compile_caches()
+    key, cfg, cell, device = cellmod.begin(spec)
     import torch
 
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
-    device = cfg.get("device", "cpu")
     steps, heldout = int(cfg["quality_steps"]), int(cfg["quality_heldout"])
     every, lr = int(cfg["quality_every"]), float(cfg["quality_lr"])
     seeds = [int(cfg["seed"]) + i for i in range(int(cfg["quality_seeds"]))]
