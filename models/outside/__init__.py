@@ -2,8 +2,9 @@
 
 WHY: the rules' claim is generality. Measured only on our own families it cannot fail, so this
 package builds recommendation models from elsewhere, as their own docs show: DeepCTR-Torch's zoo
-(``deepctr_zoo``, an optional dev install, ``requirements/dev-nodeps.txt``) and torchrec's own
-models (``torchrec_zoo``). Each entry builds ``(module, example_inputs)`` on seeded synthetic data:
+(``deepctr_zoo``) and torch-rechub's (``rechub_zoo``), optional dev installs
+(``requirements/dev-nodeps.txt``), and torchrec's own models (``torchrec_zoo``). The same
+architecture written by two or three zoos is what keeps a rule from fitting one zoo's style. Each entry builds ``(module, example_inputs)`` on seeded synthetic data:
 no network, no downloaded weights.
 
     from models import outside
@@ -24,12 +25,26 @@ class OutsideModelError(ValueError):
     """An unknown corpus name, or a zoo that is not installed (one line)."""
 
 
+def _zoos() -> tuple[Any, ...]:
+    from . import deepctr_zoo, rechub_zoo, torchrec_zoo
+
+    return (deepctr_zoo, rechub_zoo, torchrec_zoo)
+
+
+def zoos() -> list[str]:
+    """Every zoo's prefix (the part of a corpus name before the dot), installed or not."""
+    return [zoo.PREFIX for zoo in _zoos()]
+
+
+def zoo_of(name: str) -> str:
+    """The zoo a corpus name belongs to: ``"rechub.MMOE"`` -> ``"rechub"``."""
+    return name.split(".", 1)[0]
+
+
 def catalog() -> dict[str, Builder]:
     """Every corpus model whose zoo is installed, by ``zoo.Name``."""
-    from . import deepctr_zoo, torchrec_zoo
-
     found: dict[str, Builder] = {}
-    for zoo in (deepctr_zoo, torchrec_zoo):
+    for zoo in _zoos():
         if zoo.available():
             found.update({f"{zoo.PREFIX}.{name}": builder for name, builder in zoo.MODELS.items()})
     return found

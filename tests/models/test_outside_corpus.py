@@ -12,16 +12,24 @@ import pytest
 
 from harness.diagnose import outside_gain
 from models import outside
-from models.outside import deepctr_zoo, torchrec_zoo
+from models.outside import deepctr_zoo, rechub_zoo, torchrec_zoo
 
 NAMES = outside.names()
 
 
-def test_the_corpus_has_at_least_twelve_architectures_from_two_zoos() -> None:
-    if not deepctr_zoo.available():
-        pytest.skip("deepctr-torch is not installed (scripts/install-deps PYTHON --dev installs it)")
+def test_the_corpus_has_at_least_twelve_architectures_from_three_zoos() -> None:
+    if not (deepctr_zoo.available() and rechub_zoo.available()):
+        pytest.skip("deepctr-torch or torch-rechub is not installed (scripts/install-deps PYTHON --dev)")
     assert len(NAMES) >= 12, NAMES
-    assert {n.split(".")[0] for n in NAMES} == {"deepctr", "torchrec"}
+    assert {outside.zoo_of(n) for n in NAMES} == set(outside.zoos()) == {"deepctr", "rechub", "torchrec"}
+
+
+def test_most_architectures_have_independent_implementations_in_two_zoos() -> None:
+    """The same architecture written by another zoo: what keeps a rule from fitting one style."""
+    if not rechub_zoo.available():
+        pytest.skip("torch-rechub is not installed (scripts/install-deps PYTHON --dev installs it)")
+    shared = {"DeepFM", "DCN", "AutoInt", "MMOE", "PLE", "ESMM", "SharedBottom"}
+    assert shared <= set(rechub_zoo.MODELS) and shared <= set(deepctr_zoo.MODELS)
 
 
 @pytest.mark.parametrize("name", NAMES)
