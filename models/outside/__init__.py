@@ -2,8 +2,9 @@
 
 WHY: the rules' claim is generality. Measured only on our own families it cannot fail, so this
 package builds recommendation models from elsewhere, as their own docs show: DeepCTR-Torch's zoo
-(``deepctr_zoo``) and torch-rechub's (``rechub_zoo``), optional dev installs
-(``requirements/dev-nodeps.txt``), and torchrec's own models (``torchrec_zoo``). The same
+(``deepctr_zoo``), torch-rechub's (``rechub_zoo``) and RecBole's context-aware models
+(``recbole_zoo``), optional dev installs (``requirements/dev-nodeps.txt``), and torchrec's own
+models (``torchrec_zoo``). The same
 architecture written by two or three zoos is what keeps a rule from fitting one zoo's style. Each entry builds ``(module, example_inputs)`` on seeded synthetic data:
 no network, no downloaded weights.
 
@@ -26,9 +27,9 @@ class OutsideModelError(ValueError):
 
 
 def _zoos() -> tuple[Any, ...]:
-    from . import deepctr_zoo, rechub_zoo, torchrec_zoo
+    from . import deepctr_zoo, recbole_zoo, rechub_zoo, torchrec_zoo
 
-    return (deepctr_zoo, rechub_zoo, torchrec_zoo)
+    return (deepctr_zoo, rechub_zoo, recbole_zoo, torchrec_zoo)
 
 
 def zoos() -> list[str]:
