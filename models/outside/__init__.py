@@ -26,6 +26,26 @@ class OutsideModelError(ValueError):
     """An unknown corpus name, or a zoo that is not installed (one line)."""
 
 
+# One architecture, each zoo's implementation of it (corpus names). Where three zoos write one
+# architecture, a rule that fits only one zoo's way of writing it shows in the per-zoo figures.
+ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "DeepFM": ("deepctr.DeepFM", "rechub.DeepFM", "recbole.DeepFM", "torchrec.SimpleDeepFMNN"),
+    "Wide&Deep": ("deepctr.WDL", "rechub.WideDeep", "recbole.WideDeep"),
+    "DCN": ("deepctr.DCN", "rechub.DCN", "recbole.DCN"),
+    # DCN-V2's cross network; torchrec's DLRM_DCN puts its low-rank form over DLRM's interaction
+    "DCN-V2": ("deepctr.DCNMix", "rechub.DCNv2", "recbole.DCNV2", "torchrec.DLRM_DCN"),
+    "AutoInt": ("deepctr.AutoInt", "rechub.AutoInt", "recbole.AutoInt"),
+    "xDeepFM": ("deepctr.xDeepFM", "recbole.xDeepFM"),
+    "NFM": ("deepctr.NFM", "recbole.NFM"),
+    "PNN": ("deepctr.PNN", "recbole.PNN"),
+    "FiBiNET": ("deepctr.FiBiNET", "rechub.FiBiNet"),
+    "MMoE": ("deepctr.MMOE", "rechub.MMOE"),
+    "PLE": ("deepctr.PLE", "rechub.PLE"),
+    "ESMM": ("deepctr.ESMM", "rechub.ESMM"),
+    "SharedBottom": ("deepctr.SharedBottom", "rechub.SharedBottom"),
+}
+
+
 def _zoos() -> tuple[Any, ...]:
     from . import deepctr_zoo, recbole_zoo, rechub_zoo, torchrec_zoo
 
