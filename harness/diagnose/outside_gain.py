@@ -2,7 +2,7 @@
 
     python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
         [--zoos rechub,...]
-    python -m harness.diagnose.outside_gain --from-json results/outside-corpus/outside-gain.json
+    python -m harness.diagnose.outside_gain --from-json RUN.json [RUN2.json ...]
 
 WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
 rules alone is ``optimize(rules=[])`` (the same Dynamo capture, the same re-layout config, no
@@ -292,7 +292,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--zoos", default="", help="comma list of zoos (deepctr, rechub, torchrec): their models"
     )
     parser.add_argument(
-        "--from-json", type=Path, help="print the tables of a run's outside-gain.json, measuring nothing"
+        "--from-json",
+        type=Path,
+        nargs="+",
+        help="print the tables of a run's outside-gain.json (or of runs of disjoint models), measuring nothing",
     )
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=5)
@@ -301,17 +304,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _from_json(path: Path) -> int:
-    try:
-        doc = json.loads(path.read_text())
-        text = markdown(doc)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        print(
-            f"outside_gain: {path}: not a readable outside-gain run ({type(exc).__name__}: {exc})",
-            file=sys.stderr,
-        )
-        return 2
-    print(text)
+MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps")
+
+
+def _from_json(paths: Sequence[Path]) -> int:
+    """Print the tables of one run, or of runs of disjoint models measured alike (one per zoo)."""
+    docs = []
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+            markdown(doc)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(
+                f"outside_gain: {path}: not a readable outside-gain run ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+            )
+            return 2
+        docs.append(doc)
+    first = docs[0]
+    merged = {k: first[k] for k in ("schema", *MEASUREMENT_KEYS)} | {"models": {}}
+    for path, doc in zip(paths, docs, strict=True):
+        differs = [k for k in MEASUREMENT_KEYS if doc[k] != first[k]]
+        both = sorted(set(doc["models"]) & set(merged["models"]))
+        if differs or both:
+            why = f"measured with another {', '.join(differs)}" if differs else f"{both[0]} is in two runs"
+            print(f"outside_gain: {path}: cannot join it to {paths[0]}: {why}", file=sys.stderr)
+            return 2
+        merged["models"] |= doc["models"]
+    print(markdown(merged))
     return 0
 
 

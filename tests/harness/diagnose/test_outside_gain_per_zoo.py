@@ -113,3 +113,23 @@ def test_a_file_that_is_not_a_run_is_one_line_and_exit_2(
     assert outside_gain.main(["--from-json", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("not a readable outside-gain run" in line for line in err)
+
+
+def test_runs_of_disjoint_models_measured_alike_join_into_one_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc()
+    parts = []
+    for zoo in ("deepctr", "rechub", "recbole"):
+        part = {**doc, "models": {k: v for k, v in doc["models"].items() if k.startswith(zoo + ".")}}
+        parts.append(tmp_path / f"{zoo}.json")
+        parts[-1].write_text(json.dumps(part))
+    assert outside_gain.main(["--from-json", *map(str, parts)]) == 0
+    assert capsys.readouterr().out.strip() == outside_gain.markdown(doc).strip()
+    # the same model twice, or runs measured with other rounds, are not one report
+    assert outside_gain.main(["--from-json", str(parts[0]), str(parts[0])]) == 2
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**json.loads(parts[1].read_text()), "rounds": 9}))
+    assert outside_gain.main(["--from-json", str(parts[0]), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "deepctr.A is in two runs" in err and "measured with another rounds" in err
