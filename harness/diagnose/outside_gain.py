@@ -235,7 +235,39 @@ def zoo_markdown(doc: dict[str, Any]) -> list[str]:
     ]
     for rule, per in rules_by_zoo(doc).items():
         lines.append(f"| {rule} | " + " | ".join(str(per.get(zoo, 0)) for zoo in zoos) + " |")
-    return lines
+    return lines + architecture_markdown(doc)
+
+
+def architecture_markdown(doc: dict[str, Any]) -> list[str]:
+    """One architecture, each zoo's implementation: forward+backward / forward gain, side by side
+    (``models.outside.ARCHITECTURES``; an architecture with fewer than two rows here is left out)."""
+    rows = []
+    for arch, names in outside.ARCHITECTURES.items():
+        cells = []
+        for name in names:
+            row = doc["models"].get(name)
+            if row is None:
+                continue
+            gain = row.get("gain", {})
+            if "error" in row:
+                fig = "error"
+            elif "skipped" in gain:
+                fig = "n/a"
+            else:
+                fig = f"{gain['forward+backward']['speedup']:.2f}x / {gain['forward']['speedup']:.2f}x"
+            cells.append(f"{name} {fig}")
+        if len(cells) >= 2:
+            rows.append(f"| {arch} | " + "; ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## One architecture, each zoo (forward+backward / forward)",
+        "",
+        "| architecture | each zoo's implementation |",
+        "| --- | --- |",
+        *rows,
+    ]
 
 
 def _fmt_gain(g: dict[str, Any]) -> str:

@@ -133,3 +133,20 @@ def test_runs_of_disjoint_models_measured_alike_join_into_one_report(
     assert outside_gain.main(["--from-json", str(parts[0]), str(other)]) == 2
     err = capsys.readouterr().err
     assert "deepctr.A is in two runs" in err and "measured with another rounds" in err
+
+
+def test_one_architecture_is_shown_side_by_side_in_each_zoo() -> None:
+    doc = _doc()
+    doc["models"] = {
+        "deepctr.DeepFM": _row(1.4, 1.3, {}),
+        "rechub.DeepFM": _row(1.0, 1.1, {}),
+        "recbole.DeepFM": _per_call({}),
+        "deepctr.DCN": _row(1.2, 1.2, {}),  # alone of its architecture: no row
+    }
+    lines = outside_gain.architecture_markdown(doc)
+    assert (
+        lines[-1]
+        == "| DeepFM | deepctr.DeepFM 1.30x / 1.40x; rechub.DeepFM 1.10x / 1.00x; recbole.DeepFM n/a |"
+    )
+    assert not any(line.startswith("| DCN |") for line in lines)
+    assert outside_gain.architecture_markdown(_doc()) == []  # no real corpus name: no table
