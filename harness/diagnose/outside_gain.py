@@ -12,10 +12,11 @@ gets a parity check against eager (values, every parameter's gradient, every buf
 step) and the report's own account: nodes before/after, rules fired, declines, capture path.
 A model that fails to build or optimize is a row with its error; the others go on.
 
-The report's first table is per zoo (DeepCTR-Torch, torch-rechub, torchrec): the median gain
-forward and forward+backward and the lowest row, against the corpus targets, because a pooled
+The report's first table is per zoo (DeepCTR-Torch, torch-rechub, RecBole, torchrec): the median
+gain forward and forward+backward and the lowest row, against the corpus targets, because a pooled
 median can hide a zoo the rules do not fit. The second counts, per rule, the models of each zoo it
-fired on: a rule that helps one zoo and not the others is fitted to a way of writing a model.
+fired on: a rule that helps one zoo and not the others is fitted to a way of writing a model. The
+third puts each zoo's implementation of one architecture side by side.
 """
 
 from __future__ import annotations
@@ -321,7 +322,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--models", default="", help="comma list (default: every installed corpus model)")
     parser.add_argument(
-        "--zoos", default="", help="comma list of zoos (deepctr, rechub, torchrec): their models"
+        "--zoos",
+        default="",
+        help="comma list of zoos (models.outside.zoos(): deepctr, recbole, rechub, torchrec): their models",
     )
     parser.add_argument(
         "--from-json",
