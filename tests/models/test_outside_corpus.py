@@ -38,7 +38,8 @@ def test_each_architecture_is_written_by_distinct_zoos() -> None:
     assert three == {"DeepFM", "Wide&Deep", "DCN", "DCN-V2", "AutoInt"}
 
 
-# Each zoo's models have their own file (test_outside_<zoo>.py), so the suite's workers share them.
+# torch-rechub's and RecBole's models have their own files (test_outside_rechub.py,
+# test_outside_recbole.py), so the suite's workers share the corpus.
 HERE = [n for n in NAMES if outside.zoo_of(n) in ("deepctr", "torchrec")]
 
 
