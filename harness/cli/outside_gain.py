@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 NAME = "outside-gain"
-HELP = "compile vs compile+optimus, side by side, on each installed model of the outside corpus"
+HELP = "the rules' own gain (eager, side by side with plain capture) on the outside corpus, per zoo"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,8 @@
 """The rules' own gain on models this repository did not write (``models.outside``).
 
     python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
+        [--zoos rechub,...]
+    python -m harness.diagnose.outside_gain --from-json RUN.json [RUN2.json ...]
 
 WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
 rules alone is ``optimize(rules=[])`` (the same Dynamo capture, the same re-layout config, no
@@ -9,6 +11,12 @@ process (``harness.run.interleaved``): forward, and forward+backward in train mo
 gets a parity check against eager (values, every parameter's gradient, every buffer after one
 step) and the report's own account: nodes before/after, rules fired, declines, capture path.
 A model that fails to build or optimize is a row with its error; the others go on.
+
+The report's first table is per zoo (DeepCTR-Torch, torch-rechub, RecBole, torchrec): the median
+gain forward and forward+backward and the lowest row, against the corpus targets, because a pooled
+median can hide a zoo the rules do not fit. The second counts, per rule, the models of each zoo it
+fired on: a rule that helps one zoo and not the others is fitted to a way of writing a model. The
+third puts each zoo's implementation of one architecture side by side.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,6 +49,10 @@ WHOLE_GRAPH = ("export", "graph")
 # On the per-call Dynamo path the two contenders' forwards are one code object to Dynamo: they
 # share its cache and recompile limit, so one of them may silently run eager. Not comparable.
 SKIP_WHY = "per-call Dynamo path, the two contenders share Dynamo's code cache (not comparable)"
+PHASES = ("forward+backward", "forward")
+# The corpus targets, per zoo: the median gain of each phase, and the lowest row of either phase.
+TARGET_MEDIAN = 1.2
+TARGET_LOWEST = 0.98
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -136,7 +149,7 @@ def measure(names: Sequence[str], rounds: int, steps: int) -> dict[str, Any]:
         except Exception as exc:  # one model's failure is its row; the others still run
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
             traceback.print_exc(limit=2)
-    return {
+    doc = {
         "schema": SCHEMA,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -144,6 +157,118 @@ def measure(names: Sequence[str], rounds: int, steps: int) -> dict[str, Any]:
         "steps": steps,
         "models": rows,
     }
+    return {**doc, "zoos": per_zoo(doc), "rules_by_zoo": rules_by_zoo(doc)}
+
+
+def per_zoo(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per zoo, and ``"all"`` pooled: models measured, the median gain of each phase, the lowest
+    row (model, phase, gain) and whether the targets hold. Rows with an error or no figure are
+    counted, not measured."""
+    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, row in doc["models"].items():
+        groups.setdefault(outside.zoo_of(name), []).append((name, row))
+    if len(groups) > 1:
+        groups["all"] = [(n, r) for rows in list(groups.values()) for n, r in rows]
+    out: dict[str, dict[str, Any]] = {}
+    for zoo, rows in groups.items():
+        timed = [(n, r["gain"]) for n, r in rows if "gain" in r and "skipped" not in r["gain"]]
+        per_call = sum(1 for _, r in rows if "skipped" in r.get("gain", {}))
+        summary: dict[str, Any] = {"models": len(rows), "measured": len(timed), "per_call": per_call}
+        if timed:
+            for phase in PHASES:
+                summary[phase] = float(np.median([g[phase]["speedup"] for _, g in timed]))
+            lowest = min(((g[ph]["speedup"], n, ph) for n, g in timed for ph in PHASES), key=lambda t: t[0])
+            summary["lowest"] = {"model": lowest[1], "phase": lowest[2], "speedup": lowest[0]}
+            summary["targets_met"] = (
+                all(summary[ph] >= TARGET_MEDIAN for ph in PHASES) and lowest[0] >= TARGET_LOWEST
+            )
+        out[zoo] = summary
+    return out
+
+
+def rules_by_zoo(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """``{rule: {zoo: how many of the zoo's models it fired on}}``, from the parity step's report."""
+    counts: dict[str, dict[str, int]] = {}
+    for name, row in doc["models"].items():
+        if "parity" not in row:
+            continue
+        for rule, times in row["parity"]["rules_fired"].items():
+            if times:
+                per = counts.setdefault(rule, {})
+                per[outside.zoo_of(name)] = per.get(outside.zoo_of(name), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _zoo_models(doc: dict[str, Any]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for name, row in doc["models"].items():
+        if "parity" in row:
+            found[outside.zoo_of(name)] = found.get(outside.zoo_of(name), 0) + 1
+    return found
+
+
+def zoo_markdown(doc: dict[str, Any]) -> list[str]:
+    """The per-zoo table and the rules x zoos table."""
+    lines = [
+        f"## Per zoo (targets: median forward+backward and median forward >= {TARGET_MEDIAN}x,"
+        f" no row below {TARGET_LOWEST}x)",
+        "",
+        "| zoo | models (timed) | median forward+backward | median forward | lowest | targets |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for zoo, z in per_zoo(doc).items():
+        if not z["measured"]:
+            why = f"{z['per_call']} on the per-call Dynamo path" if z["per_call"] else "errors"
+            lines.append(f"| {zoo} | {z['models']} (0) | - | - | - | no figure ({why}) |")
+            continue
+        low = z["lowest"]
+        lines.append(
+            f"| {zoo} | {z['models']} ({z['measured']}) | {z['forward+backward']:.2f}x | {z['forward']:.2f}x"
+            f" | {low['speedup']:.2f}x ({low['model']}, {low['phase']}) | {'met' if z['targets_met'] else 'missed'} |"
+        )
+    zoos = _zoo_models(doc)
+    lines += [
+        "",
+        "## Which rules fire in which zoo (models of the zoo the rule fired on, of those optimized)",
+        "",
+        "| rule | " + " | ".join(f"{zoo} ({n})" for zoo, n in zoos.items()) + " |",
+        "| --- |" + " --- |" * len(zoos),
+    ]
+    for rule, per in rules_by_zoo(doc).items():
+        lines.append(f"| {rule} | " + " | ".join(str(per.get(zoo, 0)) for zoo in zoos) + " |")
+    return lines + architecture_markdown(doc)
+
+
+def architecture_markdown(doc: dict[str, Any]) -> list[str]:
+    """One architecture, each zoo's implementation: forward+backward / forward gain, side by side
+    (``models.outside.ARCHITECTURES``; an architecture with fewer than two rows here is left out)."""
+    rows = []
+    for arch, names in outside.ARCHITECTURES.items():
+        cells = []
+        for name in names:
+            row = doc["models"].get(name)
+            if row is None:
+                continue
+            gain = row.get("gain", {})
+            if "error" in row:
+                fig = "error"
+            elif "skipped" in gain:
+                fig = "n/a"
+            else:
+                fig = f"{gain['forward+backward']['speedup']:.2f}x / {gain['forward']['speedup']:.2f}x"
+            cells.append(f"{name} {fig}")
+        if len(cells) >= 2:
+            rows.append(f"| {arch} | " + "; ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## One architecture, each zoo (forward+backward / forward)",
+        "",
+        "| architecture | each zoo's implementation |",
+        "| --- | --- |",
+        *rows,
+    ]
 
 
 def _fmt_gain(g: dict[str, Any]) -> str:
@@ -161,6 +286,10 @@ def markdown(doc: dict[str, Any]) -> str:
         " (outputs, every gradient, every buffer).",
         "",
         f"n/a: {SKIP_WHY}.",
+        "",
+        *zoo_markdown(doc),
+        "",
+        "## Per model",
         "",
         "| model | nodes before -> after | rules fired | forward | forward+backward | parity | capture |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -188,8 +317,21 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument(
+        "--out-dir", type=Path, help="where outside-gain.json and .md go (required to measure)"
+    )
     parser.add_argument("--models", default="", help="comma list (default: every installed corpus model)")
+    parser.add_argument(
+        "--zoos",
+        default="",
+        help="comma list of zoos (models.outside.zoos(): deepctr, recbole, rechub, torchrec): their models",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        help="print the tables of a run's outside-gain.json (or of runs of disjoint models), measuring nothing",
+    )
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument(
@@ -197,8 +339,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps")
+
+
+def _from_json(paths: Sequence[Path]) -> int:
+    """Print the tables of one run, or of runs of disjoint models measured alike (one per zoo)."""
+    docs = []
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+            markdown(doc)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(
+                f"outside_gain: {path}: not a readable outside-gain run ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+            )
+            return 2
+        docs.append(doc)
+    first = docs[0]
+    merged = {k: first[k] for k in ("schema", *MEASUREMENT_KEYS)} | {"models": {}}
+    for path, doc in zip(paths, docs, strict=True):
+        differs = [k for k in MEASUREMENT_KEYS if doc[k] != first[k]]
+        both = sorted(set(doc["models"]) & set(merged["models"]))
+        if differs or both:
+            why = f"measured with another {', '.join(differs)}" if differs else f"{both[0]} is in two runs"
+            print(f"outside_gain: {path}: cannot join it to {paths[0]}: {why}", file=sys.stderr)
+            return 2
+        merged["models"] |= doc["models"]
+    print(markdown(merged))
+    return 0
+
+
 def main_from_args(args: argparse.Namespace) -> int:
-    names = [n for n in args.models.split(",") if n] or outside.names()
+    if args.from_json is not None:
+        return _from_json(args.from_json)
+    if args.out_dir is None:
+        print(
+            "outside_gain: --out-dir is required to measure (or --from-json to print a run)", file=sys.stderr
+        )
+        return 2
+    zoos = [z for z in args.zoos.split(",") if z]
+    unknown_zoos = sorted(set(zoos) - set(outside.zoos()))
+    if unknown_zoos:
+        print(
+            f"outside_gain: unknown zoo {', '.join(unknown_zoos)}; zoos: {', '.join(outside.zoos())}",
+            file=sys.stderr,
+        )
+        return 2
+    names = [n for n in args.models.split(",") if n] or [
+        n for n in outside.names() if not zoos or outside.zoo_of(n) in zoos
+    ]
+    if not names:
+        print(f"outside_gain: no installed model in zoo(s) {', '.join(zoos)}", file=sys.stderr)
+        return 2
     unknown = sorted(set(names) - set(outside.names()))
     if unknown:
         print(f"outside_gain: unknown or not installed: {', '.join(unknown)}", file=sys.stderr)

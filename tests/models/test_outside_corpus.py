@@ -5,41 +5,55 @@ measurement keeps going past a model that fails."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
+from outside_checks import check_eval_for_inductor, check_train_step
 
 from harness.diagnose import outside_gain
 from models import outside
-from models.outside import deepctr_zoo, torchrec_zoo
+from models.outside import deepctr_zoo, recbole_zoo, rechub_zoo, torchrec_zoo
 
 NAMES = outside.names()
+ZOOS = {zoo.PREFIX: zoo for zoo in (deepctr_zoo, recbole_zoo, rechub_zoo, torchrec_zoo)}
 
 
-def test_the_corpus_has_at_least_twelve_architectures_from_two_zoos() -> None:
-    if not deepctr_zoo.available():
-        pytest.skip("deepctr-torch is not installed (scripts/install-deps PYTHON --dev installs it)")
+def test_the_corpus_has_four_zoos() -> None:
+    missing = [prefix for prefix, zoo in ZOOS.items() if not zoo.available()]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (scripts/install-deps PYTHON --dev installs them)")
     assert len(NAMES) >= 12, NAMES
-    assert {n.split(".")[0] for n in NAMES} == {"deepctr", "torchrec"}
+    assert {outside.zoo_of(n) for n in NAMES} == set(outside.zoos()) == set(ZOOS)
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_each_architecture_is_written_by_distinct_zoos() -> None:
+    """The architecture map names real corpus entries, one per zoo; the architectures the
+    corpus's rules target most (DeepFM, Wide&Deep, DCN, DCN-V2, AutoInt) have three or more."""
+    for arch, names in outside.ARCHITECTURES.items():
+        zoos = [outside.zoo_of(n) for n in names]
+        assert len(set(zoos)) == len(zoos) >= 2, (arch, names)
+        for name in names:
+            assert name.split(".", 1)[1] in ZOOS[outside.zoo_of(name)].MODELS, name
+    three = {a for a, names in outside.ARCHITECTURES.items() if len(names) >= 3}
+    assert three == {"DeepFM", "Wide&Deep", "DCN", "DCN-V2", "AutoInt"}
+
+
+# torch-rechub's and RecBole's models have their own files (test_outside_rechub.py,
+# test_outside_recbole.py), so the suite's workers share the corpus.
+HERE = [n for n in NAMES if outside.zoo_of(n) in ("deepctr", "torchrec")]
+
+
+@pytest.mark.parametrize("name", HERE)
 def test_optimized_outside_models_match_eager_on_a_train_step(name: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        found = outside_gain.parity(name)
-    assert (found["values"], found["grads"], found["buffers"]) == (True, True, True), found
-    assert found["nodes_before"] > 0
-    if name.startswith("torchrec."):  # KJT models: one whole graph, the lookup outside it
-        assert found["capture"] == "export", found["capture_reason"]
-        assert "run eagerly outside it" in found["capture_reason"]
+    check_train_step(name)
 
 
 def test_unknown_names_say_what_is_installed() -> None:
     with pytest.raises(outside.OutsideModelError, match="unknown outside model 'nope'"):
         outside.build("nope")
     assert outside_gain.main(["--out-dir", "/nonexistent-never-written", "--models", "nope"]) == 2
+    assert outside_gain.main(["--out-dir", "/nonexistent-never-written", "--zoos", "nope"]) == 2
+    assert outside_gain.main(["--models", "deepctr.DCN"]) == 2  # neither --out-dir nor --from-json
 
 
 def test_a_model_that_fails_is_a_row_and_the_others_are_measured(
@@ -70,39 +84,12 @@ def test_a_model_that_fails_is_a_row_and_the_others_are_measured(
     assert "error: RuntimeError: boom" in (tmp_path / "outside-gain.md").read_text()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", HERE)
 def test_outside_models_in_eval_for_inductor_match_eager(name: str) -> None:
-    """Eval mode, priced for Inductor, with small chunks: the inference-only pass
-    (optimus/memory/chunked.py, optimus/memory/chunk_slab.py) runs on code this repository did not write.
-    Outputs equal eager's in values, dtype and strides; grad mode and autocast are the caller's.
+    """Eval mode, priced for Inductor, with small chunks (outside_checks.check_eval_for_inductor).
     DeepCTR's MMOE is where it cuts a group: its experts' first layers, merged with the gates,
     computed per chunk."""
-    import torch
-
-    import optimus
-    from optimus.params.relayout import RelayoutParams
-
-    module, inputs = outside.build(name, seed=0)
-    module.eval()
-    with torch.no_grad():
-        ref = module(*inputs)
-    config = optimus.OptimusConfig(
-        layout=RelayoutParams(),
-        cost_model=optimus.AnalyticCostModel(inductor=True),
-        inference_chunk_bytes=1024,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gm = optimus.optimize(module, inputs, config=config)
-    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-    with torch.no_grad():
-        got = gm(*inputs)
-    refs, gots = torch.utils._pytree.tree_leaves(ref), torch.utils._pytree.tree_leaves(got)
-    assert len(refs) == len(gots)
-    for a, b in zip(refs, gots, strict=True):
-        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    report = check_eval_for_inductor(name)
     if name == "deepctr.MMOE":
-        report = gm.optimus_report
         assert report.chunked_groups >= 1, report.notes
         assert any("linear computed per chunk" in n for n in report.notes), report.notes
