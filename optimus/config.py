@@ -13,6 +13,7 @@ from optimus.memory.chunked import CHUNK_BYTES
 # OptimusConfig.guard: what the measured guard (optimus.guard) does after the driver
 GUARD_MODES = ("off", "graph", "rules")
 
+
 @dataclass(frozen=True)
 class OptimusConfig:
     """Options for :func:`optimus.optimize`, the ``"optimus"`` backend and ``pre_grad_pass``.
@@ -42,7 +43,7 @@ class OptimusConfig:
         each rule that fired (one at a time, within ``guard_time_limit_s``) and the fastest variant
         that beats the plain capture is kept. ``report.guard*`` say what was measured and rejected.
         Why off by default here: it runs the model (``2 * guard_rounds`` blocks of at least
-        ``GUARD_BLOCK_S`` each, plus warm-up); the harness's Optimus modes turn it on.
+        ``optimus.guard.BLOCK_S`` each, plus warm-up); the harness's eager+optimus turns it on.
     guard_rounds: paired rounds per measurement (at least 3).
     guard_time_limit_s: ``"rules"`` starts no new variant once the guard has spent this long.
     guard_measure: seconds of ``calls`` calls of ``step`` running graph module ``gm``:

@@ -97,8 +97,7 @@ def _step(gm: fx.GraphModule, inputs: Sequence[Any], backward: bool) -> Callable
                 return gm(*args)
 
         return forward
-    seen: set[int] = set()
-    leaves = [p for p in gm.parameters() if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
+    leaves: list[torch.Tensor] = [p for p in gm.parameters() if p.requires_grad]  # each once
     leaves += [a for a in tree_leaves(args) if isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf]
 
     def train() -> object:

@@ -66,8 +66,9 @@ class LayoutSnapshot:
                 hooks = tuple(getattr(p, a) for a in _TENSOR_HOOK_ATTRS)
                 self.params.append((p, p.detach(), p.grad, getattr(p, GROUP_ATTR, _MISSING), hooks))
         self.modules = list(gm.modules())
-        self.dicts = [
-            (dict(m.__dict__), *(dict(m.__dict__[n]) for n in _DICT_NAMES), self._hooks_of(m))
+        # per submodule: its attributes, its parameter/buffer/module dicts, its hook dicts' contents
+        self.dicts: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[Any, Any]]]] = [
+            (dict(m.__dict__), [dict(m.__dict__[n]) for n in _DICT_NAMES], self._hooks_of(m))
             for m in self.modules
         ]
         self.meta = dict(gm.meta)
@@ -86,7 +87,7 @@ class LayoutSnapshot:
     def restore(self) -> None:
         """Everything the snapshot holds; the caller restores the graph itself."""
         with torch.no_grad():
-            for p, data, grad, tag, hooks in self.params:
+            for p, data, grad, tag, tensor_hooks in self.params:
                 if p.data_ptr() != data.data_ptr() or p.stride() != data.stride() or p.shape != data.shape:
                     p.data = data
                 if tag is _MISSING:
@@ -94,12 +95,12 @@ class LayoutSnapshot:
                         delattr(p, GROUP_ATTR)
                 else:
                     setattr(p, GROUP_ATTR, tag)
-                for attr, value in zip(_TENSOR_HOOK_ATTRS, hooks, strict=True):
+                for attr, value in zip(_TENSOR_HOOK_ATTRS, tensor_hooks, strict=True):
                     if getattr(p, attr) is not value:
                         setattr(p, attr, value)
                 if p.grad is not grad:
                     p.grad = grad
-        for m, (attrs, *dicts, hooks) in zip(self.modules, self.dicts, strict=True):
+        for m, (attrs, dicts, hooks) in zip(self.modules, self.dicts, strict=True):
             current = m.__dict__
             for key in [k for k in current if k not in attrs]:
                 del current[key]

@@ -255,7 +255,13 @@ def test_a_failing_measurement_returns_the_plain_capture_untouched() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("guard", "on"), ("guard", True), ("guard_rounds", 2), ("guard_rounds", 5.0), ("guard_time_limit_s", -1.0)],
+    [
+        ("guard", "on"),
+        ("guard", True),
+        ("guard_rounds", 2),
+        ("guard_rounds", 5.0),
+        ("guard_time_limit_s", -1.0),
+    ],
 )
 def test_bad_guard_options_are_refused(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
