@@ -40,6 +40,7 @@ docs/optimus.md).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -82,8 +83,15 @@ _GRAPH_FIELDS = (
 
 
 def wall_clock(gm: fx.GraphModule, step: Callable[[], object], calls: int) -> float:
-    """The default ``guard_measure``: wall-clock seconds of ``calls`` calls of ``step``."""
-    return time_block(step, calls)
+    """The default ``guard_measure``: wall-clock seconds of ``calls`` calls of ``step``, with a
+    CUDA synchronize before the clock is read when ``gm`` holds CUDA tensors (kernels run
+    asynchronously: without it the clock reads the launch time)."""
+    cuda = any(t.is_cuda for t in itertools.chain(gm.parameters(), gm.buffers()))
+    return time_block(step, calls, sync=torch.cuda.synchronize if cuda else _no_sync)
+
+
+def _no_sync() -> None:
+    return None
 
 
 def _step(gm: fx.GraphModule, inputs: Sequence[Any], backward: bool) -> Callable[[], object]:

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 import torch
-from caller_world_models import CONFIGS, ModeTowers, assert_same_state, backward_grads, seeded, state_of
+from caller_world_models import (
+    CONFIGS,
+    ModeTowers,
+    RecordingTowers,
+    assert_same_state,
+    backward_grads,
+    seeded,
+    state_of,
+)
 from optimus_helpers import LAUNCH_BOUND, count_calls
 from torch import fx, nn
 
@@ -277,3 +285,32 @@ def test_guard_options_are_in_the_fingerprint() -> None:
         base.with_(guard_rounds=5).fingerprint(),
     }
     assert len(prints) == 3
+
+
+def test_dynamo_subgraphs_are_not_guarded_and_say_so() -> None:
+    """A forward with Python side effects takes the Dynamo-subgraph path: no whole step to time."""
+    torch.manual_seed(0)
+    model = RecordingTowers().eval()
+    cfg = CONFIGS["default"].with_(guard="graph", guard_measure=SLOWER)
+    report = optimus.optimize(model, (torch.randn(8, 256),), config=cfg).optimus_report
+    assert report.capture == "dynamo-subgraphs"
+    assert report.guard.startswith("not run: Dynamo subgraphs") and report.guard_trials == []
+
+
+def test_verify_and_the_guard_together() -> None:
+    """verify checks every rewrite of every driver run the guard makes; the guard still decides."""
+    torch.manual_seed(0)
+    model = TanhTowers()
+    x = torch.randn(4, 128)
+    fused_tanh_wins = rating(
+        lambda gm: 2.0 if batched(gm) else 0.5 if count_calls(gm, torch.tanh) < 8 else 1.0
+    )
+    cfg = optimus.OptimusConfig(
+        cost_model=LAUNCH_BOUND, verify=True, guard="rules", guard_measure=fused_tanh_wins
+    )
+    gm = optimus.optimize(model, (x,), config=cfg)
+    report = gm.optimus_report
+    assert report.rolled_back == {}
+    assert report.guard == "kept without batch_linear" and "batch_linear" in report.guard_rejected
+    assert not batched(gm) and report.rules_fired.get("batch_unary") == 1
+    torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-6)
