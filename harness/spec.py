@@ -106,7 +106,8 @@ class RunConfig:
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
     limit: bool = False  # the compile cells also measure the limit (harness/measure/limit.py)
     memory_margin: float | None = None  # the Optimus modes' OptimusConfig.memory_margin; None: its default
-    # eager+optimus's OptimusConfig.guard (off | graph | rules); None: the harness's default, rules
+    # the Optimus modes' OptimusConfig.guard (off | graph | rules); None: each mode's default
+    # (rules for eager+optimus, off for compile+optimus: harness/modes/builtin.py:optimus_guard)
     optimus_guard: str | None = None
     # > 0: a training-quality run (harness/run/quality.py): each cell trains this many steps per seed
     # instead of timing, over ``quality_seeds`` seeds from ``seed`` on, and is judged against eager.

@@ -49,6 +49,11 @@ class OptimusConfig:
     guard_measure: seconds of ``calls`` calls of ``step`` running graph module ``gm``:
         ``guard_measure(gm, step, calls)``; None: the wall clock (``optimus.cost.timing.time_block``).
         For tests (a deterministic fake) and for devices that need a synchronize.
+    guard_compile: how the result will run, when not eagerly: the guard times
+        ``guard_compile(plain)`` against ``guard_compile(rewritten)``, e.g.
+        ``lambda gm: torch.compile(gm, fullgraph=True, dynamic=False)``, so it judges what Inductor
+        makes of both graphs (a compile of each: the rewritten graph's is Dynamo's cache entry for
+        the returned module, so compiling it again afterwards reuses it). None: eager.
     """
 
     rules: tuple[str, ...] | None = None
@@ -68,6 +73,7 @@ class OptimusConfig:
     guard_rounds: int = 9
     guard_time_limit_s: float = 30.0
     guard_measure: Callable[..., float] | None = None
+    guard_compile: Callable[[Any], Callable[..., Any]] | None = None
 
     def __post_init__(self) -> None:
         from optimus.rules import REGISTRY
@@ -109,8 +115,10 @@ class OptimusConfig:
         limit = self.guard_time_limit_s
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 <= limit < float("inf"):
             raise ValueError(f"guard_time_limit_s must be a finite number >= 0, got {limit!r}")
-        if self.guard_measure is not None and not callable(self.guard_measure):
-            raise ValueError(f"guard_measure must be callable or None, got {self.guard_measure!r}")
+        for name in ("guard_measure", "guard_compile"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be callable or None, got {value!r}")
 
     def with_(self, **changes: Any) -> OptimusConfig:
         """A copy with some fields replaced (validated again)."""
@@ -127,5 +135,6 @@ class OptimusConfig:
             f"inference_chunk_bytes={self.inference_chunk_bytes};"
             f"guard={self.guard};guard_rounds={self.guard_rounds};"
             f"guard_time_limit_s={self.guard_time_limit_s};"
-            f"guard_measure={getattr(self.guard_measure, '__qualname__', self.guard_measure)}"
+            f"guard_measure={getattr(self.guard_measure, '__qualname__', self.guard_measure)};"
+            f"guard_compile={getattr(self.guard_compile, '__qualname__', self.guard_compile)}"
         )

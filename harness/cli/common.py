@@ -83,9 +83,10 @@ def add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: st
                         "memory must save more than this share of its own time (default: Optimus's own, 0.0; "
                         "1.0: never lift it; docs/optimus.md 'Memory is a cost')")  # fmt: skip
     p.add_argument("--optimus-guard", default=None, choices=("off", "graph", "rules"),
-                   help="eager+optimus's measured guard (OptimusConfig.guard): keep a rewrite only where it "
-                        "measures faster than plain capture on the example inputs (default: rules; "
-                        "docs/optimus.md 'The measured guard')")  # fmt: skip
+                   help="the Optimus modes' measured guard (OptimusConfig.guard): keep a rewrite only where it "
+                        "measures faster than plain capture on the example inputs, compiled for compile+optimus "
+                        "(default: rules for eager+optimus, off for compile+optimus; docs/optimus.md "
+                        "'The measured guard')")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
                         "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip

@@ -134,7 +134,7 @@ def prepare_eager_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared
     # Same rewrite as compile+optimus (parameters re-laid out once), run without a compiler:
     # with runtime stacking every call re-stacks the fused weights, which costs more than
     # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
-    gm, dt, fields = _optimize_relayout(dense, example_inputs, guard=_GUARD[0])
+    gm, dt, fields = _optimize_relayout(dense, example_inputs, guard=guard_for(compiled=False))
     return Prepared(gm, dt, fields, _reports_of(gm))
 
 
@@ -164,7 +164,7 @@ def prepare_compile_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepar
     # compile time (prepare_s).
     import torch
 
-    gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True)
+    gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True, guard=guard_for(compiled=True))
     how = "relayout" if fields["optimus_layout"] == "RelayoutParams" else "runtime stack"
     fields["optimus_path"] = f"optimize+{how}, then Inductor"
     return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields, _reports_of(gm))
@@ -182,28 +182,49 @@ def peer_run_info() -> dict[str, Any]:
 
 _MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
 _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
-# eager+optimus's OptimusConfig.guard (optimus.guard), set by optimus_guard(): measured by default
+# The Optimus modes' OptimusConfig.guard (optimus.guard) when ``run --optimus-guard`` is not
+# given: eager+optimus measures, compile+optimus does not (each measurement there is a compile)
 EAGER_GUARD_DEFAULT = "rules"
-_GUARD: list[str] = [EAGER_GUARD_DEFAULT]
+COMPILE_GUARD_DEFAULT = "off"
+_GUARD: list[str | None] = [None]  # set by optimus_guard(): None, each mode's default
+
+
+def guard_for(compiled: bool) -> str:
+    """The guard an Optimus mode prepares with (see ``optimus_guard``)."""
+    chosen = _GUARD[0]
+    if chosen is not None:
+        return chosen
+    return COMPILE_GUARD_DEFAULT if compiled else EAGER_GUARD_DEFAULT
+
+
+def compile_for_guard(gm: Any) -> Any:
+    """How compile+optimus runs its graph, for the guard to time (``OptimusConfig.guard_compile``):
+    the same ``torch.compile`` call as the mode's, so Dynamo's cache entry made for the rewritten
+    graph is the one the mode's own compile then finds."""
+    import torch
+
+    return torch.compile(gm, fullgraph=True, dynamic=False)
 
 
 @contextlib.contextmanager
 def optimus_guard(mode: str | None) -> Iterator[None]:
-    """eager+optimus cells prepared inside this block run ``optimus.optimize`` with
-    ``OptimusConfig(guard=mode)`` (``run --optimus-guard``); ``None`` leaves the harness's default,
-    ``"rules"``.
+    """Optimus modes prepared inside this block run ``optimus.optimize`` with
+    ``OptimusConfig(guard=mode)`` (``run --optimus-guard``); ``None`` leaves each mode's default:
+    ``"rules"`` for eager+optimus, ``"off"`` for compile+optimus.
 
-    WHY on by default here and off in ``optimize``: a cell measures a model for many steps, so the
-    guard's paired rounds on the example inputs (tens of milliseconds at ``small``, plus a driver
-    run per rule it leaves out, within ``guard_time_limit_s``) are a small price for never
-    reporting a rewrite that is slower than the plain capture on this device; its time counts in
-    ``optimus_s`` and so in ``prepare_s``. compile+optimus leaves it off: the guard times the
-    eager graphs, not what Inductor makes of them (docs/optimus.md, "The measured guard").
+    WHY on by default in eager+optimus and off in ``optimize``: a cell measures a model for many
+    steps, so the guard's paired rounds on the example inputs (tens of milliseconds at ``small``,
+    plus a driver run per rule it leaves out, within ``guard_time_limit_s``) are a small price for
+    never reporting a rewrite that is slower than the plain capture on this device; its time counts
+    in ``optimus_s`` and so in ``prepare_s``. compile+optimus times what Inductor makes of both
+    graphs (``compile_for_guard``): one more compile per cell (the plain graph's; the rewritten
+    graph's compile is reused by the mode), and one per variant under ``"rules"``, so it is off
+    unless asked for (docs/optimus.md, "The measured guard").
     """
     if mode is not None and mode not in ("off", "graph", "rules"):
         raise ValueError(f"optimus guard: unknown {mode!r}; allowed: off, graph, rules")
     before = _GUARD[0]
-    _GUARD[0] = EAGER_GUARD_DEFAULT if mode is None else mode
+    _GUARD[0] = mode
     try:
         yield
     finally:
@@ -275,6 +296,8 @@ def _optimize_relayout(
     else:
         model = optimus.AnalyticCostModel(inductor=inductor)
     config = optimus.OptimusConfig(layout=layout, cost_model=model, guard=guard)
+    if inductor and guard != "off":
+        config = config.with_(guard_compile=compile_for_guard)
     if _MEMORY_MARGIN[0] is not None:
         config = config.with_(memory_margin=_MEMORY_MARGIN[0])
     t0 = time.perf_counter()

@@ -314,3 +314,32 @@ def test_verify_and_the_guard_together() -> None:
     assert report.guard == "kept without batch_linear" and "batch_linear" in report.guard_rejected
     assert not batched(gm) and report.rules_fired.get("batch_unary") == 1
     torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_guard_compile_times_both_graphs_as_they_will_run() -> None:
+    """With ``guard_compile`` the guard times the compiled forms of the plain and the rewritten
+    graph (a stand-in compiler here that records what it compiled and what ran)."""
+    torch.manual_seed(0)
+    model = TanhTowers()
+    x = torch.randn(4, 128)
+    compiled: list[fx.GraphModule] = []
+    ran: list[fx.GraphModule] = []
+
+    def compile_(gm: fx.GraphModule) -> Callable[..., Any]:
+        compiled.append(gm)
+
+        def run(*args: Any) -> Any:
+            ran.append(gm)
+            return gm(*args)
+
+        return run
+
+    cfg = optimus.OptimusConfig(
+        cost_model=LAUNCH_BOUND, guard="graph", guard_measure=FASTER, guard_compile=compile_
+    )
+    gm = optimus.optimize(model, (x,), config=cfg)
+    assert gm.optimus_report.guard == "kept"
+    assert len(compiled) == 2 and compiled[1] is gm and compiled[0] is not gm
+    assert {id(g) for g in ran} == {id(g) for g in compiled}  # every timed call went through them
+    with pytest.raises(ValueError, match="guard_compile"):
+        optimus.OptimusConfig(guard_compile="inductor")  # type: ignore[arg-type]

@@ -46,15 +46,25 @@ def test_the_guard_setting_reaches_optimize_and_ends_with_its_block() -> None:
         prepared = _prepare("eager+optimus")
     assert prepared.reports[0].guard == "off" and "optimus_guard" not in prepared.info
     assert builtin._GUARD[0] == "off"  # this test file's own pin (conftest) is back
-    with builtin.optimus_guard(None):
-        assert builtin._GUARD[0] == builtin.EAGER_GUARD_DEFAULT == "rules"
+    with builtin.optimus_guard(None):  # each mode's default
+        assert builtin.guard_for(compiled=False) == "rules"
+        assert builtin.guard_for(compiled=True) == "off"
+    with builtin.optimus_guard("graph"):  # given: both modes
+        assert builtin.guard_for(compiled=False) == builtin.guard_for(compiled=True) == "graph"
 
 
 @pytest.mark.compile
-def test_compile_optimus_does_not_guard() -> None:
-    with builtin.optimus_guard("rules"):
+def test_compile_optimus_guards_what_inductor_makes_only_when_asked() -> None:
+    with builtin.optimus_guard(None):
+        assert _prepare("compile+optimus").reports[0].guard == "off"
+    with builtin.optimus_guard("graph"):
         prepared = _prepare("compile+optimus")
-    assert prepared.reports[0].guard == "off"
+    (report,) = prepared.reports
+    assert report.guard in VERDICTS
+    assert prepared.info["optimus_guard"] == report.guard
+    x = torch.randn(64, 8 * 16)
+    with torch.no_grad():
+        torch.testing.assert_close(prepared.module(x), _prepare("eager").module(x), rtol=1e-4, atol=1e-5)
 
 
 def test_bad_guard_settings_are_refused() -> None:
