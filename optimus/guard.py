@@ -32,6 +32,8 @@ The design, and why (docs/optimus.md, "The measured guard"):
   their own storage (:class:`optimus.params.snapshot.LayoutSnapshot`), so a rejection leaves
   parameters, their strides and aliasing exactly as before ``optimize``.
 
+* **Under a process group** of two or more ranks, every rank measures and takes the first rank's
+  figures (a broadcast), so all ranks keep the same graph and the same parameter layout.
 * **Under a compiler** (``OptimusConfig.guard_compile``, e.g. ``torch.compile``): both graphs are
   timed in their compiled form, so the verdict is about what Inductor makes of them. It costs a
   compile of each (and of each variant), which is why the harness's compile+optimus runs it only
@@ -204,9 +206,10 @@ class Guard:
             if self.backward is None:
                 self.backward = trains(plain, self.inputs, self.inference)
             runs = (plain_run, None if compile_ is None else compile_(gm))
-            median, low, high = paired_speedup(
+            figures = paired_speedup(
                 plain, gm, self.inputs, self.backward, self.config.guard_rounds, self.measure, runs
             )
+        median, low, high = _from_first_rank(list(figures))
         self.snapshot.restore_grads()
         return GuardTrial(left_out, median, low, high, self.config.guard_rounds, dict(fired))
 
@@ -284,7 +287,8 @@ class Guard:
         if len(fired) < 2:
             return None, None
         for rule in fired:
-            if time.perf_counter() - start > self.config.guard_time_limit_s:
+            spent = _from_first_rank([time.perf_counter() - start])[0]
+            if spent > self.config.guard_time_limit_s:
                 report.notes.append(
                     f"guard: stopped trying variants at guard_time_limit_s={self.config.guard_time_limit_s}"
                 )
@@ -311,6 +315,20 @@ class Guard:
         report.chunked_groups = 0
         report.nodes_after = len(self.gm.graph.nodes)
         report.live_peak_after = report.live_peak_before
+
+
+def _from_first_rank(values: list[float]) -> list[float]:
+    """``values`` as the first rank measured them, under a process group of two or more ranks;
+    else as given. Why: every rank must keep the same graph (DistributedDataParallel reduces the
+    gradients of the same parameters in the same layout, and a rank that kept the re-layout while
+    its peer returned the plain capture would reduce different tensors or hang), and each rank's
+    own timing differs."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return values
+    box: list[Any] = [values]
+    dist.broadcast_object_list(box, src=0)
+    return [float(v) for v in box[0]]
 
 
 def _figure(t: GuardTrial) -> str:
