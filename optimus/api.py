@@ -235,14 +235,30 @@ def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> 
     running ``forward`` once, so a side effect (a hook added since, ``self.log.append``) would
     happen twice in the call that triggered the re-capture."""
     start = time.perf_counter()
+    cfg, unguarded = _recapture_config(cfg)
     with torch.inference_mode(False), torch.enable_grad():  # as optimize() itself would run
         gm, report = capture_and_optimize(module, args, cfg, fallback=False)
+    if unguarded and gm is not None:
+        report.guard = unguarded
     if gm is None:
         log.info("optimus: the re-capture did not export; this call runs the original module eagerly")
         return module
     report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]
     return gm
+
+
+def _recapture_config(cfg: OptimusConfig) -> tuple[OptimusConfig, str]:
+    """The config for a re-optimization at a call, and why its guard is off ('' when it is not).
+    Why off under a process group of two or more ranks: the guard takes the first rank's figures
+    through a collective (optimus.guard), and a call that re-optimizes on one rank (another
+    batch size) need not on its peers, which would leave the collective waiting."""
+    dist = torch.distributed
+    if cfg.guard == "off" or not (
+        dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    ):
+        return cfg, ""
+    return cfg.with_(guard="off"), "not run: re-optimized at one rank's call under a process group"
 
 
 def _lookup_context(
@@ -308,8 +324,11 @@ def _capture_around_lookup(
                 f"({again_context}) from those it was captured with ({context}); call "
                 "optimus.optimize again for this mode"
             )
+        again_cfg, unguarded = _recapture_config(cfg)
         with boundary.stubbed(stub), torch.inference_mode(False), torch.enable_grad():
-            again, again_report = capture_and_optimize(source, args, cfg, fallback=False)
+            again, again_report = capture_and_optimize(source, args, again_cfg, fallback=False)
+        if unguarded:
+            again_report.guard = unguarded
         if again is None:  # export failed for this call: the model itself, eagerly
             return source
         again_report.capture_seconds = time.perf_counter() - start - again_report.seconds

@@ -1,6 +1,7 @@
 """The measured guard under a process group: two gloo ranks on CPU (spawned processes) whose own
 clocks disagree keep the same graph, the first rank's verdict, and train together under
-DistributedDataParallel afterwards.
+DistributedDataParallel afterwards; a re-optimization at one rank's call does not guard (its peers
+would not join the collective).
 
 WHY: a rank that kept the re-layout while its peer returned the plain capture would hand DDP
 different parameters to reduce (or hang it); the guard takes the first rank's figures.
@@ -69,6 +70,11 @@ def _rank(rank: int, port: int, out: str) -> None:
             ddp(x).square().mean().backward()
             opt.step()
         record["params"] = [p.detach().flatten().tolist() for p in model.parameters()]
+        if rank == 0:  # another batch size on one rank only: re-optimized there, without a collective
+            gm(x[:4])
+            (again,) = gm.optimus_specializations.values()
+            record["again"] = again.optimus_report.guard
+        dist.barrier()
     except Exception as exc:  # the parent reads the failure; the peer is not left waiting
         record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         record["trace"] = traceback.format_exc()
@@ -91,3 +97,4 @@ def test_ranks_keep_the_first_ranks_verdict(tmp_path: Path) -> None:
     assert r0["speedups"] == r1["speedups"] == [2.0]
     assert r0["stacked"] == r1["stacked"] and r0["stacked"]  # the same re-layout on both
     assert r0["params"] == r1["params"]  # DDP kept them in step
+    assert r0["again"] == "not run: re-optimized at one rank's call under a process group"
