@@ -12,8 +12,10 @@ The design, and why (docs/optimus.md, "The measured guard"):
   in even rounds, rewritten first in odd ones), so drift (another process, the CPU's clock) hits
   both sides alike, and the per-round ratio plain / rewritten is the speedup. The verdict is the
   median of ``OptimusConfig.guard_rounds`` ratios, with its 95% interval from order statistics
-  (:func:`optimus.cost.timing.median_interval`). **Rule:** the rewrite is kept when that median is
-  above 1.0, else it is rejected. A training capture (not eval mode, and an output that requires
+  (:func:`optimus.cost.timing.median_interval`); while that interval still holds 1.0, another
+  ``guard_rounds`` rounds are added (at most ``EXTENSIONS`` times), so a close call is decided on
+  more rounds and a clear one costs no more. **Rule:** the rewrite is kept when the median of all
+  rounds is above 1.0, else it is rejected. A training capture (not eval mode, and an output that requires
   grad) runs forward and backward with the gradients set to None before each step, as
   ``zero_grad(set_to_none=True)`` does; an eval-mode capture runs the forward under ``no_grad``.
   Why the whole graph rather than a micro-measurement per rewrite: a rewrite's cost depends on its
@@ -67,6 +69,8 @@ from optimus.semantics.graph_copy import copy_graph
 BLOCK_S = 0.005
 MAX_CALLS = 1000  # per block
 WARMUP_CALLS = 2  # per side, before timing: first-call allocations, lazy initialization
+# while the interval of the median holds 1.0, measure ``guard_rounds`` more rounds, this many times
+EXTENSIONS = 2
 
 Measure = Callable[[fx.GraphModule, Callable[[], object], int], float]
 Rewrite = Callable[[OptimusConfig, OptimusReport], None]
@@ -157,10 +161,13 @@ def paired_speedup(
     rounds: int,
     measure: Measure,
     runs: tuple[Callable[..., Any] | None, Callable[..., Any] | None] = (None, None),
-) -> tuple[float, float, float]:
-    """``(median, low, high)`` of the per-round speedup plain seconds / rewritten seconds, over
-    ``rounds`` paired rounds in ABBA order (module docstring). ``runs``: how each graph runs (its
-    compiled form), None: the graph module itself."""
+    extensions: int = EXTENSIONS,
+) -> tuple[float, float, float, int]:
+    """``(median, low, high, rounds)`` of the per-round speedup plain seconds / rewritten seconds,
+    over paired rounds in ABBA order (module docstring): ``rounds`` of them, and ``rounds`` more
+    (at most ``extensions`` times) while the 95% interval of the median still holds 1.0, so an
+    inconclusive verdict is decided on more rounds and a clear one costs no more. ``runs``: how
+    each graph runs (its compiled form), None: the graph module itself."""
     sides = [
         (plain, _step(plain, inputs, backward, runs[0])),
         (rewritten, _step(rewritten, inputs, backward, runs[1])),
@@ -170,12 +177,16 @@ def paired_speedup(
             step()
     probe = max(min(measure(gm, step, 1) for gm, step in sides), 1e-9)
     calls = max(1, min(MAX_CALLS, math.ceil(BLOCK_S / probe)))
-    ratios = []
-    for i in range(rounds):
-        order = sides if i % 2 == 0 else sides[::-1]
-        seconds = {id(gm): measure(gm, step, calls) for gm, step in order}
-        ratios.append(seconds[id(plain)] / max(seconds[id(rewritten)], 1e-12))
-    return median_interval(ratios)
+    ratios: list[float] = []
+    for _ in range(1 + extensions):
+        for _ in range(rounds):
+            order = sides if len(ratios) % 2 == 0 else sides[::-1]
+            seconds = {id(gm): measure(gm, step, calls) for gm, step in order}
+            ratios.append(seconds[id(plain)] / max(seconds[id(rewritten)], 1e-12))
+        median, low, high = median_interval(ratios)
+        if not low <= 1.0 <= high:
+            break
+    return median, low, high, len(ratios)
 
 
 class Guard:
@@ -209,9 +220,9 @@ class Guard:
             figures = paired_speedup(
                 plain, gm, self.inputs, self.backward, self.config.guard_rounds, self.measure, runs
             )
-        median, low, high = _from_first_rank(list(figures))
+        median, low, high, rounds = _from_first_rank(list(figures))
         self.snapshot.restore_grads()
-        return GuardTrial(left_out, median, low, high, self.config.guard_rounds, dict(fired))
+        return GuardTrial(left_out, median, low, high, int(rounds), dict(fired))
 
     def judge(self, report: OptimusReport, rewrite: Rewrite, rule_kinds: dict[str, str]) -> None:
         """Measure the driver's result (in ``gm`` now, described by ``report``) against the plain

@@ -27,7 +27,7 @@ from optimus_helpers import LAUNCH_BOUND, count_calls
 from torch import fx, nn
 
 import optimus
-from optimus.guard import paired_speedup
+from optimus.guard import EXTENSIONS, paired_speedup
 from optimus.params.group import GROUP_ATTR
 from optimus.params.relayout import PREFIX, RelayoutParams
 
@@ -229,9 +229,24 @@ def test_rounds_are_paired_in_alternating_order() -> None:
         order.append("A" if gm is gm_a else "B")
         return times[id(gm)] * calls
 
-    median, low, high = paired_speedup(gm_a, gm_b, [torch.randn(2, 4)], True, 4, measure)
+    median, low, high, rounds = paired_speedup(gm_a, gm_b, [torch.randn(2, 4)], True, 4, measure)
     assert order[2:] == list("ABBAABBA")  # after the two one-call probes
-    assert (median, low, high) == (3.0, 3.0, 3.0)
+    assert (median, low, high, rounds) == (3.0, 3.0, 3.0, 4)  # clear: no more rounds
+
+
+def test_a_close_call_is_measured_on_more_rounds() -> None:
+    """While the interval of the median holds 1.0 the guard adds rounds (at most EXTENSIONS
+    times ``rounds``), then decides on all of them."""
+    gm_a = fx.symbolic_trace(nn.Linear(4, 4))
+    gm_b = fx.symbolic_trace(nn.Linear(4, 4))
+    b_seconds = iter([1.0] + [0.9, 1.1] * 20)  # the probe, then B is faster, slower, faster, ...
+
+    def measure(gm: fx.GraphModule, step: Callable[[], object], calls: int) -> float:
+        return (1.0 if gm is gm_a else next(b_seconds)) * calls
+
+    median, low, high, rounds = paired_speedup(gm_a, gm_b, [torch.randn(2, 4)], False, 4, measure)
+    assert rounds == 4 * (1 + EXTENSIONS)
+    assert low < 1.0 < high and median == pytest.approx((1 / 0.9 + 1 / 1.1) / 2)
 
 
 def test_nothing_rewritten_and_no_inputs_say_why() -> None:
