@@ -187,12 +187,18 @@ _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (defau
 EAGER_GUARD_DEFAULT = "rules"
 COMPILE_GUARD_DEFAULT = "off"
 _GUARD: list[str | None] = [None]  # set by optimus_guard(): None, each mode's default
+# ``ab --optimus-guard``: its worker processes (of any checkout) read the choice from here
+GUARD_ENV = "OPTIMUS_BENCH_OPTIMUS_GUARD"
+GUARDS = ("off", "graph", "rules")
 
 
 def guard_for(compiled: bool) -> str:
-    """The guard an Optimus mode prepares with (see ``optimus_guard``)."""
-    chosen = _GUARD[0]
+    """The guard an Optimus mode prepares with: ``optimus_guard``'s, else ``GUARD_ENV``'s, else
+    the mode's default (see ``optimus_guard``)."""
+    chosen = _GUARD[0] if _GUARD[0] is not None else os.environ.get(GUARD_ENV) or None
     if chosen is not None:
+        if chosen not in GUARDS:
+            raise ValueError(f"{GUARD_ENV}: unknown {chosen!r}; allowed: {', '.join(GUARDS)}")
         return chosen
     return COMPILE_GUARD_DEFAULT if compiled else EAGER_GUARD_DEFAULT
 
@@ -221,8 +227,8 @@ def optimus_guard(mode: str | None) -> Iterator[None]:
     graph's compile is reused by the mode), and one per variant under ``"rules"``, so it is off
     unless asked for (docs/optimus.md, "The measured guard").
     """
-    if mode is not None and mode not in ("off", "graph", "rules"):
-        raise ValueError(f"optimus guard: unknown {mode!r}; allowed: off, graph, rules")
+    if mode is not None and mode not in GUARDS:
+        raise ValueError(f"optimus guard: unknown {mode!r}; allowed: {', '.join(GUARDS)}")
     before = _GUARD[0]
     _GUARD[0] = mode
     try:

@@ -76,3 +76,22 @@ def test_bad_guard_settings_are_refused() -> None:
 
 def test_the_harness_knows_optimus_guard_modes() -> None:
     assert spec.OPTIMUS_GUARDS == optimus.config.GUARD_MODES
+
+
+def test_ab_workers_read_the_guard_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ab --optimus-guard`` reaches its worker processes (of any checkout) through GUARD_ENV."""
+    import argparse
+
+    from harness.cli import ab
+
+    p = argparse.ArgumentParser()
+    ab.add_arguments(p)
+    assert p.parse_args(["--model", "towers", "--optimus-guard", "graph"]).optimus_guard == "graph"
+    monkeypatch.setenv(builtin.GUARD_ENV, "graph")
+    with builtin.optimus_guard(None):
+        assert builtin.guard_for(compiled=True) == builtin.guard_for(compiled=False) == "graph"
+        monkeypatch.setenv(builtin.GUARD_ENV, "sometimes")
+        with pytest.raises(ValueError, match=builtin.GUARD_ENV):
+            builtin.guard_for(compiled=False)
+    with builtin.optimus_guard("off"):  # run's own setting wins
+        assert builtin.guard_for(compiled=False) == "off"
