@@ -22,6 +22,8 @@ STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "mismatch", "quality_mis
 DEFAULT_PROVIDER = "models:build"
 # How a sharded cell (``--nproc`` > 1) splits its tables; "auto": torchrec's planner chooses.
 SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "data_parallel", "auto")
+# run --optimus-guard: optimus.config.GUARD_MODES (spec does not import torch; a test checks they match)
+OPTIMUS_GUARDS: tuple[str, ...] = ("off", "graph", "rules")
 
 
 def __getattr__(name: str) -> Any:
@@ -104,6 +106,9 @@ class RunConfig:
     pg_timeout_s: float = 120.0  # with nproc > 1: process-group timeout (a peer of a hung rank fails)
     limit: bool = False  # the compile cells also measure the limit (harness/measure/limit.py)
     memory_margin: float | None = None  # the Optimus modes' OptimusConfig.memory_margin; None: its default
+    # the Optimus modes' OptimusConfig.guard (off | graph | rules); None: each mode's default
+    # (rules for eager+optimus, off for compile+optimus: harness/modes/builtin.py:optimus_guard)
+    optimus_guard: str | None = None
     # > 0: a training-quality run (harness/run/quality.py): each cell trains this many steps per seed
     # instead of timing, over ``quality_seeds`` seeds from ``seed`` on, and is judged against eager.
     quality_steps: int = 0
@@ -144,6 +149,10 @@ class RunConfig:
             isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
         ):
             raise ValueError(f"memory_margin: must be a finite number >= 0, got {v!r}")
+        if self.optimus_guard is not None and self.optimus_guard not in OPTIMUS_GUARDS:
+            raise ValueError(
+                f"optimus_guard: unknown {self.optimus_guard!r}; allowed values: {', '.join(OPTIMUS_GUARDS)}"
+            )
         self._validate_quality(check_models)
         if check_models:
             families = provider_families(self.provider)

@@ -22,6 +22,7 @@ from optimus.engine import driver
 from optimus.engine.builder import CONSTANT_PREFIX
 from optimus.engine.context import RewriteContext
 from optimus.engine.verify import Verifier
+from optimus.guard import Guard
 from optimus.memory.chunked import chunk_lightest
 from optimus.params.relayout import OWNED_FLAG
 from optimus.report import OptimusReport, StopReason
@@ -46,7 +47,11 @@ def optimize_graph_module(
 
     ``inference``: the graph was captured from a module in eval mode; priced for Inductor, its
     fused chains then run a few members at a time (``OptimusConfig.inference_chunk_bytes``,
-    :mod:`optimus.memory.chunked`)."""
+    :mod:`optimus.memory.chunked`)
+
+    ``config.guard`` other than ``"off"``: the result is timed against the graph as given on
+    ``example_inputs`` and kept only where it measures faster (:mod:`optimus.guard`); the runs
+    leave buffers, the RNG and each parameter's ``.grad`` as they were."""
     report = report or OptimusReport()
     if lower_modules(gm):
         gm.recompile()
@@ -58,21 +63,49 @@ def optimize_graph_module(
             reference = copy_graph_module(gm)
             verifier = Verifier(reference, example_inputs, config.seed, config.rtol, config.atol)
     backup = copy_graph(gm.graph)
+    guard = _guard_for(gm, config, example_inputs, report, inference)
+    rules = resolve(config.rules)
+
+    def rewrite(cfg: OptimusConfig, into: OptimusReport) -> None:
+        driver.run(gm, cfg, rules if cfg is config else resolve(cfg.rules), into, verifier)
+        chunk = cfg.inference_chunk_bytes
+        if inference and chunk is not None and getattr(cfg.cost_model, "inductor", False) is True:
+            _chunk_stacked(gm, cfg, chunk, into, verifier)
+
     try:
-        driver.run(gm, config, resolve(config.rules), report, verifier)
-        chunk = config.inference_chunk_bytes
-        if inference and chunk is not None and getattr(config.cost_model, "inductor", False) is True:
-            _chunk_stacked(gm, config, chunk, report, verifier)
+        rewrite(config, report)
+        if guard is not None:
+            guard.judge(report, rewrite, {r.name: r.kind for r in rules})
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc
         )
+        if guard is not None:
+            guard.snapshot.restore()  # re-laid-out parameters back in their own storage
+            report.guard = f"failed ({type(exc).__name__}): the plain capture is returned"
         gm.graph = backup  # the setter recompiles
         report.stop_reason = StopReason.unchanged()
         report.nodes_after = report.nodes_before = len(gm.graph.nodes)
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
     drop_unused_constants(gm)
     return report
+
+
+def _guard_for(
+    gm: fx.GraphModule,
+    config: OptimusConfig,
+    example_inputs: Sequence[Any] | None,
+    report: OptimusReport,
+    inference: bool,
+) -> Guard | None:
+    """The measured guard for this run (see :mod:`optimus.guard`), None when it is off or cannot
+    run (no example inputs to run the graph with: the report says so)."""
+    if config.guard == "off":
+        return None
+    if example_inputs is None:
+        report.guard = "not run: no example inputs (torch.compile backend or pre-grad pass)"
+        return None
+    return Guard(gm, config, example_inputs, inference)
 
 
 def _chunk_stacked(
@@ -108,6 +141,11 @@ def drop_unused_constants(gm: fx.GraphModule) -> None:
     read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for name in [b for b in gm._buffers if b.startswith(CONSTANT_PREFIX) and b not in read]:
         delattr(gm, name)
+
+
+def _runs_graph(cfg: OptimusConfig) -> bool:
+    """Whether optimizing runs the graph on the example inputs (verify, the measured guard)."""
+    return cfg.verify or cfg.guard != "off"
 
 
 def make_config(
@@ -167,7 +205,7 @@ def optimize(
             report = optimize_graph_module(
                 gm,
                 cfg,
-                caller_state.clone_inputs(inputs) if cfg.verify else None,
+                caller_state.clone_inputs(inputs) if _runs_graph(cfg) else None,
                 inference=not module.training,
             )
         report.capture = "graph"
@@ -197,14 +235,30 @@ def _recapture(module: nn.Module, args: tuple[Any, ...], cfg: OptimusConfig) -> 
     running ``forward`` once, so a side effect (a hook added since, ``self.log.append``) would
     happen twice in the call that triggered the re-capture."""
     start = time.perf_counter()
+    cfg, unguarded = _recapture_config(cfg)
     with torch.inference_mode(False), torch.enable_grad():  # as optimize() itself would run
         gm, report = capture_and_optimize(module, args, cfg, fallback=False)
+    if unguarded and gm is not None:
+        report.guard = unguarded
     if gm is None:
         log.info("optimus: the re-capture did not export; this call runs the original module eagerly")
         return module
     report.capture_seconds = time.perf_counter() - start - report.seconds
     gm.optimus_report = report  # type: ignore[assignment]
     return gm
+
+
+def _recapture_config(cfg: OptimusConfig) -> tuple[OptimusConfig, str]:
+    """The config for a re-optimization at a call, and why its guard is off ('' when it is not).
+    Why off under a process group of two or more ranks: the guard takes the first rank's figures
+    through a collective (optimus.guard), and a call that re-optimizes on one rank (another
+    batch size) need not on its peers, which would leave the collective waiting."""
+    dist = torch.distributed
+    if cfg.guard == "off" or not (
+        dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    ):
+        return cfg, ""
+    return cfg.with_(guard="off"), "not run: re-optimized at one rank's call under a process group"
 
 
 def _lookup_context(
@@ -270,8 +324,11 @@ def _capture_around_lookup(
                 f"({again_context}) from those it was captured with ({context}); call "
                 "optimus.optimize again for this mode"
             )
+        again_cfg, unguarded = _recapture_config(cfg)
         with boundary.stubbed(stub), torch.inference_mode(False), torch.enable_grad():
-            again, again_report = capture_and_optimize(source, args, cfg, fallback=False)
+            again, again_report = capture_and_optimize(source, args, again_cfg, fallback=False)
+        if unguarded:
+            again_report.guard = unguarded
         if again is None:  # export failed for this call: the model itself, eagerly
             return source
         again_report.capture_seconds = time.perf_counter() - start - again_report.seconds
@@ -320,7 +377,7 @@ def capture_and_optimize(
         if cfg.verify:
             state.protect_parameters()  # verify runs the graph for real
         report = optimize_graph_module(
-            gm, cfg, flat_inputs if cfg.verify else None, inference=not module.training
+            gm, cfg, flat_inputs if _runs_graph(cfg) else None, inference=not module.training
         )
     report.capture = "export"
     report.capture_reason = "torch._dynamo.export captured forward as one graph"
@@ -351,7 +408,9 @@ def _optimize_subgraphs(
     def backend(sub: fx.GraphModule, example: list[Any]) -> Any:
         checkpoint_rng.keep_rng(sub)  # run eagerly below: checkpointing as eager does it
         with caller_state.preserved(None):  # verify seeds the RNG
-            one = optimize_graph_module(sub, cfg, example if cfg.verify else None)
+            one = optimize_graph_module(sub, cfg.with_(guard="off"), example if cfg.verify else None)
+        if cfg.guard != "off":
+            one.guard = "not run: Dynamo subgraphs (graph breaks): no whole step to time"
         one.graphs = 1
         total.merge(one)
         if not compiled_before_return[0]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from optimus.cost.analytic import AnalyticCostModel, CostModel
 from optimus.engine.param_layout import ParamLayout, RuntimeStack
 from optimus.memory.chunked import CHUNK_BYTES
+
+# OptimusConfig.guard: what the measured guard (optimus.guard) does after the driver
+GUARD_MODES = ("off", "graph", "rules")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,26 @@ class OptimusConfig:
     inference_chunk_bytes: a graph captured in eval mode and priced for Inductor runs each fused
         chain a few members at a time, so its stacked intermediates stay about this size (see
         ``optimus.memory.chunked``); None: never.
+    guard: the measured guard (``optimus.guard``; needs example inputs, runs the model). ``"off"``
+        (default): the cost model alone decides. ``"graph"``: the driver's result is timed against
+        the plain capture on the example inputs, ``guard_rounds`` paired rounds in alternating
+        order, forward+backward for a training capture; it is kept only when the median of the
+        per-round speedups is above 1, else the plain capture is returned.
+        ``"rules"``: as ``"graph"``, and when the whole result loses, the driver runs again without
+        each rule that fired (one at a time, within ``guard_time_limit_s``) and the fastest variant
+        that beats the plain capture is kept. ``report.guard*`` say what was measured and rejected.
+        Why off by default here: it runs the model (``2 * guard_rounds`` blocks of at least
+        ``optimus.guard.BLOCK_S`` each, plus warm-up); the harness's eager+optimus turns it on.
+    guard_rounds: paired rounds per measurement (at least 3).
+    guard_time_limit_s: ``"rules"`` starts no new variant once the guard has spent this long.
+    guard_measure: seconds of ``calls`` calls of ``step`` running graph module ``gm``:
+        ``guard_measure(gm, step, calls)``; None: the wall clock (``optimus.cost.timing.time_block``).
+        For tests (a deterministic fake) and for devices that need a synchronize.
+    guard_compile: how the result will run, when not eagerly: the guard times
+        ``guard_compile(plain)`` against ``guard_compile(rewritten)``, e.g.
+        ``lambda gm: torch.compile(gm, fullgraph=True, dynamic=False)``, so it judges what Inductor
+        makes of both graphs (a compile of each: the rewritten graph's is Dynamo's cache entry for
+        the returned module, so compiling it again afterwards reuses it). None: eager.
     """
 
     rules: tuple[str, ...] | None = None
@@ -46,6 +69,11 @@ class OptimusConfig:
     memory_margin: float = 0.0
     memory_budget_bytes: int | None = None
     inference_chunk_bytes: int | None = CHUNK_BYTES
+    guard: str = "off"
+    guard_rounds: int = 9
+    guard_time_limit_s: float = 30.0
+    guard_measure: Callable[..., float] | None = None
+    guard_compile: Callable[[Any], Callable[..., Any]] | None = None
 
     def __post_init__(self) -> None:
         from optimus.rules import REGISTRY
@@ -79,6 +107,18 @@ class OptimusConfig:
         chunk = self.inference_chunk_bytes
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"inference_chunk_bytes must be a positive int or None, got {chunk!r}")
+        if self.guard not in GUARD_MODES:
+            raise ValueError(f"guard must be one of {', '.join(GUARD_MODES)}, got {self.guard!r}")
+        rounds = self.guard_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 3:
+            raise ValueError(f"guard_rounds must be an int >= 3, got {rounds!r}")
+        limit = self.guard_time_limit_s
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 <= limit < float("inf"):
+            raise ValueError(f"guard_time_limit_s must be a finite number >= 0, got {limit!r}")
+        for name in ("guard_measure", "guard_compile"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be callable or None, got {value!r}")
 
     def with_(self, **changes: Any) -> OptimusConfig:
         """A copy with some fields replaced (validated again)."""
@@ -92,5 +132,9 @@ class OptimusConfig:
             f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
             f"nodes={self.max_nodes};memory_margin={self.memory_margin};"
             f"memory_budget_bytes={self.memory_budget_bytes};"
-            f"inference_chunk_bytes={self.inference_chunk_bytes}"
+            f"inference_chunk_bytes={self.inference_chunk_bytes};"
+            f"guard={self.guard};guard_rounds={self.guard_rounds};"
+            f"guard_time_limit_s={self.guard_time_limit_s};"
+            f"guard_measure={getattr(self.guard_measure, '__qualname__', self.guard_measure)};"
+            f"guard_compile={getattr(self.guard_compile, '__qualname__', self.guard_compile)}"
         )

@@ -86,6 +86,26 @@ class RoundRecord:
 
 
 @dataclass
+class GuardTrial:
+    """One side-by-side measurement of the measured guard (``optimus.guard``): a rewritten graph
+    against the plain capture, on the example inputs.
+
+    ``left_out``: the rule whose rewrites this variant went without (None: the driver's whole
+    result). ``speedup``: the median over ``rounds`` paired rounds of plain seconds / rewritten
+    seconds (above 1: the rewrite is faster); ``low``/``high``: the 95% interval of that median
+    (order statistics, :func:`optimus.cost.timing.median_interval`). ``fired``: what the variant's
+    driver run fired. ``kept``: the guard returned this variant."""
+
+    left_out: str | None
+    speedup: float
+    low: float
+    high: float
+    rounds: int
+    fired: dict[str, int] = field(default_factory=dict)
+    kept: bool = False
+
+
+@dataclass
 class OptimusReport:
     rules_fired: dict[str, int] = field(default_factory=dict)
     nodes_before: int = 0
@@ -123,6 +143,14 @@ class OptimusReport:
     # fused chains an inference graph for Inductor runs a few members at a time
     # (optimus.memory.chunked); why others were left whole is in ``notes``
     chunked_groups: int = 0
+    # the measured guard (OptimusConfig.guard, optimus.guard): "off"; "kept" (the driver's result
+    # measured faster than plain capture); "kept without RULE" (the best measured variant); "rejected"
+    # (the plain capture is returned); "not run: why"
+    guard: str = "off"
+    guard_trials: list[GuardTrial] = field(default_factory=list)  # every measurement, in order
+    # rewrites the guard took out, by rule (rules_fired is what the returned graph holds)
+    guard_rejected: dict[str, int] = field(default_factory=dict)
+    guard_seconds: float = 0.0  # measuring and re-running the driver; included in ``seconds``
 
     def fired(self, rule: str, n: int = 1) -> None:
         self.rules_fired[rule] = self.rules_fired.get(rule, 0) + n
@@ -135,6 +163,7 @@ class OptimusReport:
             (self.rolled_back, other.rolled_back),
             (self.declined_reasons, other.declined_reasons),
             (self.chains, other.chains),
+            (self.guard_rejected, other.guard_rejected),
         ):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
@@ -142,6 +171,10 @@ class OptimusReport:
         self.nodes_after += other.nodes_after
         self.seconds += other.seconds
         self.chunked_groups += other.chunked_groups
+        self.guard_seconds += other.guard_seconds
+        self.guard_trials.extend(other.guard_trials)
+        if other.guard != "off" and other.guard not in self.guard.split("; "):
+            self.guard = other.guard if self.guard == "off" else f"{self.guard}; {other.guard}"
         self.iterations = max(self.iterations, other.iterations)
         self.live_peak_before = max(self.live_peak_before, other.live_peak_before)
         self.live_peak_after = max(self.live_peak_after, other.live_peak_after)
@@ -157,3 +190,18 @@ class OptimusReport:
         d = asdict(self)
         d["stop_reason"] = str(self.stop_reason)
         return d
+
+    def guard_summary(self) -> str:
+        """One line: what the measured guard decided and by how much (empty when it was off)."""
+        if self.guard == "off":
+            return ""
+        parts = [f"guard: {self.guard}"]
+        for t in self.guard_trials:
+            what = "the whole rewrite" if t.left_out is None else f"without {t.left_out}"
+            verdict = "kept" if t.kept else "not kept"
+            parts.append(f"{what} {t.speedup:.3f}x ({t.low:.3f}-{t.high:.3f}, {t.rounds} rounds): {verdict}")
+        if self.guard_rejected:
+            rejected = ", ".join(f"{k} x{v}" for k, v in sorted(self.guard_rejected.items()))
+            parts.append(f"rejected {rejected}")
+        parts.append(f"{self.guard_seconds:.2f} s")
+        return "; ".join(parts)

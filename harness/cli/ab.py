@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rtol", type=finite_float, default=1e-3, help="parity tolerance vs the base mode (relative)"
     )
+    p.add_argument("--optimus-guard", default=None, choices=("off", "graph", "rules"),
+                   help="the Optimus modes' measured guard in every worker (default: rules for eager+optimus, "
+                        "off for compile+optimus; docs/optimus.md 'The measured guard')")  # fmt: skip
     p.add_argument("--out", help="also write the result as JSON here (atomically)")
     add_provider_option(p)
 
@@ -59,12 +63,17 @@ def main(args: argparse.Namespace) -> int:
         check_output_file(args.out)  # before measuring: the measurement takes minutes
     if args.nproc < 1:
         raise ValueError(f"--nproc: {args.nproc}; need 1 (no sharding) or more ranks")
+    if args.optimus_guard is not None:  # the workers inherit it (harness.modes.builtin.guard_for)
+        from harness.modes.builtin import GUARD_ENV
+
+        os.environ[GUARD_ENV] = args.optimus_guard
     if args.nproc > 1:
         doc = _sharded(args, names)
         if doc is None:
             return exit_codes.INCOMPLETE
     else:
         doc = _single(args, names)
+    doc.setdefault("config", {})["optimus_guard"] = args.optimus_guard  # None: each mode's default
     print(interleaved.format_ab(doc))
     if args.out:
         results.write_atomic(args.out, json.dumps(doc, indent=1) + "\n")

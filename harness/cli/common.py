@@ -82,6 +82,11 @@ def add_run_options(p: argparse.ArgumentParser, *, models: str | None, scale: st
                    help="the Optimus modes' OptimusConfig.memory_margin: a rewrite that lifts the estimated peak "
                         "memory must save more than this share of its own time (default: Optimus's own, 0.0; "
                         "1.0: never lift it; docs/optimus.md 'Memory is a cost')")  # fmt: skip
+    p.add_argument("--optimus-guard", default=None, choices=("off", "graph", "rules"),
+                   help="the Optimus modes' measured guard (OptimusConfig.guard): keep a rewrite only where it "
+                        "measures faster than plain capture on the example inputs, compiled for compile+optimus "
+                        "(default: rules for eager+optimus, off for compile+optimus; docs/optimus.md "
+                        "'The measured guard')")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per cell: > 1 runs each cell as one torchrun job with the tables sharded by "
                         "torchrec's planner (docs/sharded.md; default: 1, a single process)")  # fmt: skip
@@ -133,6 +138,7 @@ def config_of(args: argparse.Namespace) -> RunConfig:
         pg_timeout_s=getattr(args, "pg_timeout_s", 120.0),
         limit=bool(getattr(args, "limit", False)),
         memory_margin=getattr(args, "memory_margin", None),
+        optimus_guard=getattr(args, "optimus_guard", None),
         **quality,
     ).validate()
 

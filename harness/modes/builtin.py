@@ -85,6 +85,24 @@ def report_fields(report: Any) -> dict[str, Any]:
         "rules_fired": d.get("rules_fired"),
         "stop_reason": d.get("stop_reason"),
         "chunked_groups": d.get("chunked_groups", 0),
+        **guard_fields(report),
+    }
+
+
+def guard_fields(report: Any) -> dict[str, Any]:
+    """The measured guard's verdict (``optimus.guard``), when it ran: the verdict, the whole
+    rewrite's paired speedup over plain capture with its 95% interval, what it took out, its time."""
+    verdict = getattr(report, "guard", "off")
+    if verdict == "off":
+        return {}
+    trials = getattr(report, "guard_trials", [])
+    whole = trials[0] if trials else None
+    return {
+        "optimus_guard": verdict,
+        "guard_speedup": None if whole is None else whole.speedup,
+        "guard_interval": None if whole is None else [whole.low, whole.high],
+        "guard_rejected": dict(getattr(report, "guard_rejected", {})),
+        "guard_s": getattr(report, "guard_seconds", 0.0),
     }
 
 
@@ -116,7 +134,7 @@ def prepare_eager_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepared
     # Same rewrite as compile+optimus (parameters re-laid out once), run without a compiler:
     # with runtime stacking every call re-stacks the fused weights, which costs more than
     # the fusion saves in a training step (dlrm tiny train was 0.72x of eager that way).
-    gm, dt, fields = _optimize_relayout(dense, example_inputs)
+    gm, dt, fields = _optimize_relayout(dense, example_inputs, guard=guard_for(compiled=False))
     return Prepared(gm, dt, fields, _reports_of(gm))
 
 
@@ -146,7 +164,7 @@ def prepare_compile_optimus(dense: Any, example_inputs: Sequence[Any]) -> Prepar
     # compile time (prepare_s).
     import torch
 
-    gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True)
+    gm, dt, fields = _optimize_relayout(dense, example_inputs, inductor=True, guard=guard_for(compiled=True))
     how = "relayout" if fields["optimus_layout"] == "RelayoutParams" else "runtime stack"
     fields["optimus_path"] = f"optimize+{how}, then Inductor"
     return Prepared(torch.compile(gm, fullgraph=True, dynamic=False), dt, fields, _reports_of(gm))
@@ -164,6 +182,59 @@ def peer_run_info() -> dict[str, Any]:
 
 _MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
 _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
+# The Optimus modes' OptimusConfig.guard (optimus.guard) when ``run --optimus-guard`` is not
+# given: eager+optimus measures, compile+optimus does not (each measurement there is a compile)
+EAGER_GUARD_DEFAULT = "rules"
+COMPILE_GUARD_DEFAULT = "off"
+_GUARD: list[str | None] = [None]  # set by optimus_guard(): None, each mode's default
+# ``ab --optimus-guard``: its worker processes (of any checkout) read the choice from here
+GUARD_ENV = "OPTIMUS_BENCH_OPTIMUS_GUARD"
+GUARDS = ("off", "graph", "rules")
+
+
+def guard_for(compiled: bool) -> str:
+    """The guard an Optimus mode prepares with: ``optimus_guard``'s, else ``GUARD_ENV``'s, else
+    the mode's default (see ``optimus_guard``)."""
+    chosen = _GUARD[0] if _GUARD[0] is not None else os.environ.get(GUARD_ENV) or None
+    if chosen is not None:
+        if chosen not in GUARDS:
+            raise ValueError(f"{GUARD_ENV}: unknown {chosen!r}; allowed: {', '.join(GUARDS)}")
+        return chosen
+    return COMPILE_GUARD_DEFAULT if compiled else EAGER_GUARD_DEFAULT
+
+
+def compile_for_guard(gm: Any) -> Any:
+    """How compile+optimus runs its graph, for the guard to time (``OptimusConfig.guard_compile``):
+    the same ``torch.compile`` call as the mode's, so Dynamo's cache entry made for the rewritten
+    graph is the one the mode's own compile then finds."""
+    import torch
+
+    return torch.compile(gm, fullgraph=True, dynamic=False)
+
+
+@contextlib.contextmanager
+def optimus_guard(mode: str | None) -> Iterator[None]:
+    """Optimus modes prepared inside this block run ``optimus.optimize`` with
+    ``OptimusConfig(guard=mode)`` (``run --optimus-guard``); ``None`` leaves each mode's default:
+    ``"rules"`` for eager+optimus, ``"off"`` for compile+optimus.
+
+    WHY on by default in eager+optimus and off in ``optimize``: a cell measures a model for many
+    steps, so the guard's paired rounds on the example inputs (tens of milliseconds at ``small``,
+    plus a driver run per rule it leaves out, within ``guard_time_limit_s``) are a small price for
+    never reporting a rewrite that is slower than the plain capture on this device; its time counts
+    in ``optimus_s`` and so in ``prepare_s``. compile+optimus times what Inductor makes of both
+    graphs (``compile_for_guard``): one more compile per cell (the plain graph's; the rewritten
+    graph's compile is reused by the mode), and one per variant under ``"rules"``, so it is off
+    unless asked for (docs/optimus.md, "The measured guard").
+    """
+    if mode is not None and mode not in GUARDS:
+        raise ValueError(f"optimus guard: unknown {mode!r}; allowed: {', '.join(GUARDS)}")
+    before = _GUARD[0]
+    _GUARD[0] = mode
+    try:
+        yield
+    finally:
+        _GUARD[0] = before
 
 
 @contextlib.contextmanager
@@ -209,11 +280,12 @@ def relaid_groups(gm: Any) -> int:
 
 
 def _optimize_relayout(
-    dense: Any, example_inputs: Sequence[Any], inductor: bool = False
+    dense: Any, example_inputs: Sequence[Any], inductor: bool = False, guard: str = "off"
 ) -> tuple[Any, float, dict[str, Any]]:
     """``optimus.optimize`` with fused parameters stored re-laid out once; (module, seconds, report).
 
     ``inductor``: the result goes to torch.compile, so the cost model prices for Inductor.
+    ``guard``: ``OptimusConfig.guard`` (eager+optimus passes the harness's, see ``optimus_guard``).
     Under a process group of two or more ranks (a sharded cell's rank, before DMP wraps the
     model) the re-laid-out members are the autograd leaves, so DDP all-reduces them
     (``RelayoutParams(gradients="auto")``, optimus/params/attach.py); the report records which
@@ -229,7 +301,9 @@ def _optimize_relayout(
         model: Any = MeasuredCostModel(inductor=inductor)
     else:
         model = optimus.AnalyticCostModel(inductor=inductor)
-    config = optimus.OptimusConfig(layout=layout, cost_model=model)
+    config = optimus.OptimusConfig(layout=layout, cost_model=model, guard=guard)
+    if inductor and guard != "off":
+        config = config.with_(guard_compile=compile_for_guard)
     if _MEMORY_MARGIN[0] is not None:
         config = config.with_(memory_margin=_MEMORY_MARGIN[0])
     t0 = time.perf_counter()

@@ -128,9 +128,11 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
         vals = [r[name] for r in ranks if r.get(name) is not None]
         cell[name] = max(vals) if vals else None
     first = ranks[0]
+    # the guard's figures (optimus_guard, guard_*) are the first rank's on every rank (optimus.guard)
     for name in ("optimus_s", "nodes_before", "nodes_after", "rules_fired", "stop_reason", "optimus_graphs",
                  "optimus_path", "optimus_layout", "optimus_gradients", "relaid_groups", "peer_options",
-                 "peak_mem_method"):  # fmt: skip
+                 "peak_mem_method", "optimus_guard", "guard_speedup", "guard_interval", "guard_rejected",
+                 "guard_s"):  # fmt: skip
         if first.get(name) is not None:
             cell[name] = first[name]
     par = [r.get("parity") or {} for r in ranks]

@@ -224,7 +224,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     local = [data.local_batch(bt, rank, world) for bt in batches]
 
     progress.set("prepare")
-    prepared = _prepare(key, module, cell.example_inputs(b, local))
+    with builtin.optimus_guard(cfg.get("optimus_guard")):  # every rank: the first rank's figures
+        prepared = _prepare(key, module, cell.example_inputs(b, local))
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     mode = mode_registry.get(key.mode)

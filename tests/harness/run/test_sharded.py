@@ -118,7 +118,14 @@ def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
     # dcn's dense arch under eager+optimus: with the re-layout's gradient hooks DDP reduced the
     # stacked parameter, not its members, and the ranks drifted (outputs off by 1.6e-3 after one
     # step); under the process group the members are the autograd leaves DDP reduces
-    cfg = _cfg(models=["dcn"], modes=["eager+optimus"], sharding="data_parallel", phases=["train"])
+    # (the measured guard off: its timing-dependent verdict could return the plain capture)
+    cfg = _cfg(
+        models=["dcn"],
+        modes=["eager+optimus"],
+        sharding="data_parallel",
+        phases=["train"],
+        optimus_guard="off",
+    )
     ok = _run(tmp_path, cfg, "dp.json")["cells"][0]
     assert ok["status"] == "ok", ok.get("error")
     assert ok["optimus_layout"] == "RelayoutParams"
