@@ -23,6 +23,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+import torch
+import torch.nn.functional as F
 from torch import fx
 
 from optimus.semantics.normalize import VIEW_OPS, Canon
@@ -193,3 +195,51 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
             ordered.add(node)
             ordered.update(u for u in node.users if u.op != "output")
     return ordered
+
+
+_PRIVATE_UPDATE_TARGETS = frozenset({F.batch_norm, torch.batch_norm})
+
+
+def private_updates(nodes: Iterable[fx.Node], ordered: set[fx.Node]) -> set[fx.Node]:
+    """Ordered nodes that only update state nothing else in the graph reads or writes: BatchNorm
+    calls in train mode whose running statistics are ``get_attr`` nodes read by that call alone
+    (no other node reads the same attribute, or the module holding it), and whose other inputs are
+    not mutated values.
+
+    WHY: such a call is effectful (the running statistics change), so it is kept and never merged
+    or dropped, but its effect commutes with every other node: moving it, or computing it
+    together with other such calls (``batch_batch_norm``), changes nothing another node can see.
+    Keeping it *blocked* like other effects stopped every rewrite around it (a tower's
+    ``Linear -> BatchNorm1d -> ReLU`` could not batch the ReLU, which reads an effect's result).
+    """
+    node_list = list(nodes)
+    by_target: dict[str, int] = {}
+    for node in node_list:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            by_target[target] = by_target.get(target, 0) + 1
+    found: set[fx.Node] = set()
+    for node in node_list:
+        if node not in ordered or node.op != "call_function":
+            continue
+        try:
+            if node.target not in _PRIVATE_UPDATE_TARGETS:
+                continue
+        except TypeError:
+            continue
+        written = mutated_args(node, None)
+        if not written:
+            continue
+        ok = True
+        for w in written:
+            target = str(w.target)
+            shared = by_target.get(target, 0) > 1 or any(
+                t != target and target.startswith(t + ".") for t in by_target
+            )
+            if w.op != "get_attr" or len(w.users) != 1 or shared:
+                ok = False
+                break
+        others = [i for i in node.all_input_nodes if i not in written]
+        if ok and not any(i in ordered for i in others):
+            found.add(node)
+    return found

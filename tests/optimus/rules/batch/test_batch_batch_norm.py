@@ -1,0 +1,264 @@
+"""batch_batch_norm: parity (outputs, gradients, running statistics, num_batches_tracked, all
+bit-equal to eager's), train and eval, the BatchNorm variants, and must-not-fire cases."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from optimus_helpers import LAUNCH_BOUND
+from torch import nn
+
+import optimus
+from optimus import OptimusConfig
+
+RULES = ("batch_batch_norm",)
+
+
+class Experts(nn.Module):
+    """G parallel ``Linear -> BatchNorm1d -> ReLU -> Dropout`` experts of one input (MMoE)."""
+
+    def __init__(self, g: int = 4, d_in: int = 8, width: int | list[int] = 16, p: float = 0.0, **bn: Any) -> None:
+        super().__init__()
+        widths = width if isinstance(width, list) else [width] * g
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_in, w), nn.BatchNorm1d(w, **bn), nn.ReLU(), nn.Dropout(p)) for w in widths
+        )
+        for e in self.experts:  # non-trivial statistics and affine parameters
+            norm = e[1]
+            if norm.running_mean is not None:
+                norm.running_mean.normal_()
+                norm.running_var.uniform_(0.5, 2.0)
+            if norm.weight is not None:
+                nn.init.normal_(norm.weight)
+                nn.init.normal_(norm.bias)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [e(x) for e in self.experts]
+
+
+def fired(gm: Any, rule: str = "batch_batch_norm") -> int:
+    return int(gm.optimus_report.rules_fired.get(rule, 0))
+
+
+def step(fn: Any, params: list[torch.Tensor], x: torch.Tensor) -> tuple[list[torch.Tensor], list[Any]]:
+    """One seeded forward + backward: outputs and the gradients of ``params`` and ``x``."""
+    leaf = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(0)
+    outs = fn(leaf)
+    gen = torch.Generator().manual_seed(1)
+    loss = sum((o * torch.randn(o.shape, generator=gen)).sum() for o in outs)
+    grads = torch.autograd.grad(loss, [*params, leaf], allow_unused=True)
+    return [o.detach() for o in outs], list(grads)
+
+
+def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    if exact:
+        return torch.equal(a, b)
+    return a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def assert_bit_equal(
+    mod: nn.Module, train: bool, x: torch.Tensor, steps: int = 2, exact: bool = True, **kw: Any
+) -> Any:
+    """Eager on one copy, the optimized graph on another: outputs, gradients, every buffer
+    (running statistics, num_batches_tracked) bit-equal after each of ``steps`` steps (close,
+    when ``exact`` is False: other rules, e.g. batch_linear's batched GEMM, round differently)."""
+    eager, mine = copy.deepcopy(mod).train(train), copy.deepcopy(mod).train(train)
+    kw.setdefault("rules", RULES)
+    kw.setdefault("cost_model", LAUNCH_BOUND)
+    gm = optimus.optimize(mine, (x,), config=OptimusConfig(**kw))
+    for i in range(steps):
+        xi = x + i
+        ref_out, ref_grads = step(eager, list(eager.parameters()), xi)
+        out, grads = step(gm, list(mine.parameters()), xi)
+        assert len(out) == len(ref_out)
+        for a, b in zip(ref_out, out, strict=True):
+            assert same(a, b, exact)
+        for a, b in zip(ref_grads, grads, strict=True):
+            assert (a is None) == (b is None)
+            assert a is None or same(a, b, exact)
+        ref_buffers, buffers = dict(eager.named_buffers()), dict(mine.named_buffers())
+        assert ref_buffers.keys() == buffers.keys()
+        for name, value in ref_buffers.items():
+            assert same(value, buffers[name], exact), name
+    return gm
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize(
+    "bn",
+    [
+        {},
+        {"momentum": 0.3},
+        {"affine": False},
+        {"track_running_stats": False},
+        {"eps": 1e-3, "momentum": 0.05},
+    ],
+)
+def test_parity_bit_equal(train: bool, bn: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    mod = Experts(4, 8, 16, **bn)
+    gm = assert_bit_equal(mod, train, torch.randn(32, 8))
+    assert fired(gm) == 1
+    assert sum(1 for n in gm.graph.nodes if n.target is F.batch_norm) == 1
+
+
+def test_parity_float64_and_unequal_widths() -> None:
+    torch.manual_seed(0)
+    mod = Experts(3, 8, [8, 16, 24]).double()
+    gm = assert_bit_equal(mod, True, torch.randn(20, 8, dtype=torch.float64))
+    assert fired(gm) == 1
+
+
+def test_experts_chain_with_dropout_keeps_rng_stream() -> None:
+    """Linear -> BN -> ReLU -> Dropout(p > 0) in training with all rules: the dropout draws stay
+    per member, in eager's order (a different mask would be far off, not a rounding apart)."""
+    torch.manual_seed(0)
+    mod = Experts(4, 8, 32, p=0.3)
+    gm = assert_bit_equal(mod, True, torch.randn(64, 8), exact=False, rules=None)
+    assert fired(gm) == 1
+    assert fired(gm, "batch_unary") >= 1
+
+
+def test_momentum_none_declined_and_state_kept() -> None:
+    """momentum=None (a cumulative average over num_batches_tracked) in train mode: not batched,
+    and the optimized model still updates the statistics exactly as eager."""
+    torch.manual_seed(0)
+    mod = Experts(4, 8, 16, momentum=None)
+    gm = assert_bit_equal(mod, True, torch.randn(32, 8))
+    assert fired(gm) == 0
+
+
+def test_momentum_none_in_eval_batches() -> None:
+    torch.manual_seed(0)
+    mod = Experts(4, 8, 16, momentum=None)
+    gm = assert_bit_equal(mod, False, torch.randn(32, 8))
+    assert fired(gm) == 1
+
+
+class TwoSettings(nn.Module):
+    def __init__(self, first: dict[str, Any], second: dict[str, Any]) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList([nn.BatchNorm1d(16, **first), nn.BatchNorm1d(16, **second)])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
+
+
+def test_equal_settings_fuse() -> None:
+    """The control for the cases below: two BatchNorms that differ in nothing do fuse."""
+    torch.manual_seed(0)
+    gm = assert_bit_equal(TwoSettings({}, {}), True, torch.randn(8, 16))
+    assert fired(gm) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"eps": 1e-5}, {"eps": 1e-3}),
+        ({"momentum": 0.1}, {"momentum": 0.2}),
+        ({"affine": True}, {"affine": False}),
+        ({"track_running_stats": True}, {"track_running_stats": False}),
+    ],
+)
+def test_different_settings_do_not_fuse(first: dict[str, Any], second: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    gm = assert_bit_equal(TwoSettings(first, second), True, torch.randn(8, 16))
+    assert fired(gm) == 0
+
+
+def test_module_called_twice_does_not_fuse() -> None:
+    """One BatchNorm1d applied to two inputs: its running statistics are updated twice, in order;
+    batching the two calls would lose the first update."""
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(16)
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            return [self.norm(x), self.norm(x * 2.0)]
+
+    torch.manual_seed(0)
+    gm = assert_bit_equal(Twice(), True, torch.randn(8, 16))
+    assert fired(gm) == 0
+
+
+def test_mutated_shared_input_does_not_fuse() -> None:
+    """BatchNorms read one input that is then written in place: they must run before the write."""
+
+    class Mutated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(3)])
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            h = x * 2.0
+            outs = [n(h) for n in self.norms]
+            h.mul_(3.0)
+            return [*outs, h]
+
+    torch.manual_seed(0)
+    mod, x = Mutated(), torch.randn(8, 16)
+    eager, mine = copy.deepcopy(mod), copy.deepcopy(mod)
+    with torch.no_grad():  # eager's backward would fail: BatchNorm saved the value later written
+        gm = optimus.optimize(mine, (x,), config=OptimusConfig(rules=RULES, cost_model=LAUNCH_BOUND))
+        for a, b in zip(eager(x), gm(x), strict=True):
+            assert torch.equal(a, b)
+    for (name, a), (_, b) in zip(eager.named_buffers(), mine.named_buffers(), strict=True):
+        assert torch.equal(a, b), name
+    assert fired(gm) == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [((8, 16, 5), "3-D input"), ((8, 12), "not a multiple of 64 bytes")],
+)
+def test_unsupported_shapes_decline(shape: tuple[int, ...], why: str) -> None:
+    torch.manual_seed(0)
+
+    class Norms(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = nn.ModuleList([nn.BatchNorm1d(shape[1]) for _ in range(3)])
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            return [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
+
+    mod = Norms()
+    gm = assert_bit_equal(mod, True, torch.randn(*shape))
+    assert fired(gm) == 0
+    assert any(why in r for r in gm.optimus_report.declined_reasons)
+
+
+def test_mixed_dtypes_do_not_fuse() -> None:
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.BatchNorm1d(16)
+            self.b = nn.BatchNorm1d(16).double()
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            return [self.a(x), self.b(x.double())]
+
+    torch.manual_seed(0)
+    gm = assert_bit_equal(Mixed(), True, torch.randn(8, 16))
+    assert fired(gm) == 0
+
+
+def test_dependent_batch_norms_do_not_fuse() -> None:
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.BatchNorm1d(16), nn.BatchNorm1d(16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    gm = assert_bit_equal(Stack(), True, torch.randn(8, 16))
+    assert fired(gm) == 0
