@@ -141,19 +141,26 @@ def test_momentum_none_in_eval_batches() -> None:
 
 
 class TwoSettings(nn.Module):
+    """Four BatchNorms with one setting, then four with another (each four is a group)."""
+
     def __init__(self, first: dict[str, Any], second: dict[str, Any]) -> None:
         super().__init__()
-        self.norms = nn.ModuleList([nn.BatchNorm1d(16, **first), nn.BatchNorm1d(16, **second)])
+        self.norms = nn.ModuleList([nn.BatchNorm1d(16, **s) for s in [first] * 4 + [second] * 4])
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
 
 
+def batch_norms(gm: Any) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is F.batch_norm)
+
+
 def test_equal_settings_fuse() -> None:
-    """The control for the cases below: two BatchNorms that differ in nothing do fuse."""
+    """The control for the cases below: eight BatchNorms that differ in nothing are one."""
     torch.manual_seed(0)
     gm = assert_bit_equal(TwoSettings({}, {}), True, torch.randn(8, 16))
     assert fired(gm) == 1
+    assert batch_norms(gm) == 1
 
 
 @pytest.mark.parametrize(
@@ -165,27 +172,30 @@ def test_equal_settings_fuse() -> None:
         ({"track_running_stats": True}, {"track_running_stats": False}),
     ],
 )
-def test_different_settings_do_not_fuse(first: dict[str, Any], second: dict[str, Any]) -> None:
+@pytest.mark.parametrize("train", [True, False])
+def test_different_settings_do_not_fuse(first: dict[str, Any], second: dict[str, Any], train: bool) -> None:
     torch.manual_seed(0)
-    gm = assert_bit_equal(TwoSettings(first, second), True, torch.randn(8, 16))
-    assert fired(gm) == 0
+    gm = assert_bit_equal(TwoSettings(first, second), train, torch.randn(8, 16))
+    assert batch_norms(gm) == 2  # one per setting, never one for all eight
 
 
 def test_module_called_twice_does_not_fuse() -> None:
-    """One BatchNorm1d applied to two inputs: its running statistics are updated twice, in order;
-    batching the two calls would lose the first update."""
+    """A BatchNorm1d applied to two inputs updates its running statistics twice, in order;
+    batching either call would lose an update. The other three still fuse."""
 
     class Twice(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norm = nn.BatchNorm1d(16)
+            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-            return [self.norm(x), self.norm(x * 2.0)]
+            outs = [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
+            return [*outs, self.norms[0](x * 7.0)]
 
     torch.manual_seed(0)
     gm = assert_bit_equal(Twice(), True, torch.randn(8, 16))
-    assert fired(gm) == 0
+    assert fired(gm) == 1
+    assert batch_norms(gm) == 3  # the fused three, and the twice-called module's two calls
 
 
 def test_mutated_shared_input_does_not_fuse() -> None:
@@ -194,7 +204,7 @@ def test_mutated_shared_input_does_not_fuse() -> None:
     class Mutated(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(3)])
+            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
             h = x * 2.0
@@ -224,7 +234,7 @@ def test_unsupported_shapes_decline(shape: tuple[int, ...], why: str) -> None:
     class Norms(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norms = nn.ModuleList([nn.BatchNorm1d(shape[1]) for _ in range(3)])
+            self.norms = nn.ModuleList([nn.BatchNorm1d(shape[1]) for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
             return [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
@@ -239,25 +249,27 @@ def test_mixed_dtypes_do_not_fuse() -> None:
     class Mixed(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.a = nn.BatchNorm1d(16)
-            self.b = nn.BatchNorm1d(16).double()
+            self.a = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
+            self.b = nn.ModuleList([nn.BatchNorm1d(16).double() for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-            return [self.a(x), self.b(x.double())]
+            return [n(x + i) for i, n in enumerate(self.a)] + [n(x.double() + i) for i, n in enumerate(self.b)]
 
     torch.manual_seed(0)
     gm = assert_bit_equal(Mixed(), True, torch.randn(8, 16))
-    assert fired(gm) == 0
+    assert batch_norms(gm) == 2  # one per dtype
 
 
 def test_dependent_batch_norms_do_not_fuse() -> None:
     class Stack(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.a, self.b = nn.BatchNorm1d(16), nn.BatchNorm1d(16)
+            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.b(self.a(x))
+            for norm in self.norms:
+                x = norm(x)
+            return x
 
     torch.manual_seed(0)
     gm = assert_bit_equal(Stack(), True, torch.randn(8, 16))
