@@ -194,11 +194,19 @@ class BatchBatchNorm(HorizontalRule):
         if train and stats:
             stat_launches += 1.0 + 0.2 * g  # one _foreach_copy_ (its pieces are views)
             stat_bytes += 4.0 * vector_bytes
+        # in training the backward of the output split concatenates the G output gradients (one
+        # copy of the joined tensor); the input cat's backward hands out views
+        grad_launches, grad_bytes = (1.0, 2.0 * nbytes) if train else (0.0, 0.0)
         held, holds = horizontal_live(nodes, ctx.live, stack_bytes / 2, layout_bytes / 2)
         before = Cost(launches=g * per_call, bytes=passes * nbytes, flops=8.0 * numel, live_bytes=held)
         after = Cost(
-            launches=per_call + (0.0 if free else 1.0) + stat_launches + layout_launches + 0.1 * (g + 1),
-            bytes=passes * nbytes + stack_bytes + stat_bytes + layout_bytes,
+            launches=per_call
+            + (0.0 if free else 1.0)
+            + stat_launches
+            + layout_launches
+            + grad_launches
+            + 0.1 * (g + 1),
+            bytes=passes * nbytes + stack_bytes + stat_bytes + layout_bytes + grad_bytes,
             flops=8.0 * numel,
             live_bytes=holds,
         )

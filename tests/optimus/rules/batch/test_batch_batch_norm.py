@@ -21,11 +21,14 @@ RULES = ("batch_batch_norm",)
 class Experts(nn.Module):
     """G parallel ``Linear -> BatchNorm1d -> ReLU -> Dropout`` experts of one input (MMoE)."""
 
-    def __init__(self, g: int = 4, d_in: int = 8, width: int | list[int] = 16, p: float = 0.0, **bn: Any) -> None:
+    def __init__(
+        self, g: int = 4, d_in: int = 8, width: int | list[int] = 16, p: float = 0.0, **bn: Any
+    ) -> None:
         super().__init__()
         widths = width if isinstance(width, list) else [width] * g
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d_in, w), nn.BatchNorm1d(w, **bn), nn.ReLU(), nn.Dropout(p)) for w in widths
+            nn.Sequential(nn.Linear(d_in, w), nn.BatchNorm1d(w, **bn), nn.ReLU(), nn.Dropout(p))
+            for w in widths
         )
         for e in self.experts:  # non-trivial statistics and affine parameters
             norm = e[1]
@@ -253,7 +256,9 @@ def test_mixed_dtypes_do_not_fuse() -> None:
             self.b = nn.ModuleList([nn.BatchNorm1d(16).double() for _ in range(4)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-            return [n(x + i) for i, n in enumerate(self.a)] + [n(x.double() + i) for i, n in enumerate(self.b)]
+            return [n(x + i) for i, n in enumerate(self.a)] + [
+                n(x.double() + i) for i, n in enumerate(self.b)
+            ]
 
     torch.manual_seed(0)
     gm = assert_bit_equal(Mixed(), True, torch.randn(8, 16))
