@@ -279,3 +279,33 @@ def test_dependent_batch_norms_do_not_fuse() -> None:
     torch.manual_seed(0)
     gm = assert_bit_equal(Stack(), True, torch.randn(8, 16))
     assert fired(gm) == 0
+
+
+class SlicedExperts(nn.Module):
+    """G experts ``Linear -> BatchNorm1d -> ReLU -> Dropout``, each over its own slice of the
+    input (no shared input: batch_linear batches the linears, not merge_shared_linear)."""
+
+    def __init__(self, g: int = 6, d_in: int = 8, width: int = 16, p: float = 0.2) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_in, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(p))
+            for _ in range(g)
+        )
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [e(piece) for e, piece in zip(self.experts, x.unbind(0), strict=True)]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_linear_batch_norm_relu_is_one_vertical_chain(train: bool) -> None:
+    """With the memory gate on (a margin of 0.1%: any real gain pays for the peak), the experts' linears, BatchNorms and ReLUs are one chain, taken
+    whole; the dropouts stay per member (their draws in eager's order); state matches eager."""
+    torch.manual_seed(0)
+    mod = SlicedExperts()
+    gm = assert_bit_equal(mod, train, torch.randn(6, 32, 8), exact=False, rules=None, memory_margin=1e-3)
+    rep = gm.optimus_report
+    assert rep.chains == {"vertical chain (batch_linear > batch_batch_norm > batch_unary)": 1}
+    for rule in ("batch_linear", "batch_batch_norm", "batch_unary"):
+        assert rep.rules_fired[rule] == 1
+    dropouts = [n for n in gm.graph.nodes if n.target is F.dropout]
+    assert len(dropouts) == (6 if train else 0)  # eval: noop_dropout removed them
