@@ -174,6 +174,14 @@ def may_alias_output(node: fx.Node, canon: Canon | None) -> bool:
 def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None]) -> set[fx.Node]:
     """Nodes whose order relative to each other must be kept, and that rules must not rewrite:
     effectful nodes plus every member of a mutated alias class (and their direct readers)."""
+    return ordered_and_mutated(nodes, canons)[0]
+
+
+def ordered_and_mutated(
+    nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None]
+) -> tuple[set[fx.Node], set[fx.Node]]:
+    """(:func:`ordered_nodes`, the members of the mutated alias classes themselves: values that
+    something in the graph writes in place, directly or through an alias)."""
     node_list = list(nodes)
     facts: dict[fx.Node, OpFacts | None] = {
         n: op_facts(n) if canons.get(n) is None and n.op in ("call_function", "call_method") else None
@@ -182,7 +190,7 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
     effectful = {n for n in node_list if is_effectful(n, canons.get(n), facts[n])}
     written = [m for n in effectful for m in mutated_args(n, canons.get(n), facts[n])]
     if not written:
-        return effectful
+        return effectful, set()
     classes = UnionFind()
     for node in node_list:
         if _may_alias_output(node, canons.get(node), facts[node]):
@@ -190,21 +198,24 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
                 classes.union(node, inp)
     bad_roots = {classes.find(m) for m in written}
     ordered = set(effectful)
+    mutated: set[fx.Node] = set()
     for node in node_list:
         if classes.find(node) in bad_roots:
+            mutated.add(node)
             ordered.add(node)
             ordered.update(u for u in node.users if u.op != "output")
-    return ordered
+    return ordered, mutated
 
 
 _PRIVATE_UPDATE_TARGETS = frozenset({F.batch_norm, torch.batch_norm})
 
 
-def private_updates(nodes: Iterable[fx.Node], ordered: set[fx.Node]) -> set[fx.Node]:
+def private_updates(nodes: Iterable[fx.Node], ordered: set[fx.Node], mutated: set[fx.Node]) -> set[fx.Node]:
     """Ordered nodes that only update state nothing else in the graph reads or writes: BatchNorm
     calls in train mode whose running statistics are ``get_attr`` nodes read by that call alone
-    (no other node reads the same attribute, or the module holding it), and whose other inputs are
-    not mutated values.
+    (no other node reads the same attribute, or the module holding it), whose other inputs are
+    not mutated values, and whose own result nothing writes in place (``mutated``: the members of
+    the mutated alias classes, :func:`ordered_and_mutated`).
 
     WHY: such a call is effectful (the running statistics change), so it is kept and never merged
     or dropped, but its effect commutes with every other node: moving it, or computing it
@@ -220,7 +231,7 @@ def private_updates(nodes: Iterable[fx.Node], ordered: set[fx.Node]) -> set[fx.N
             by_target[target] = by_target.get(target, 0) + 1
     found: set[fx.Node] = set()
     for node in node_list:
-        if node not in ordered or node.op != "call_function":
+        if node not in ordered or node in mutated or node.op != "call_function":
             continue
         try:
             if node.target not in _PRIVATE_UPDATE_TARGETS:

@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from torch import fx
 
-from optimus.semantics.effects import ordered_nodes, private_updates
+from optimus.semantics.effects import ordered_and_mutated, private_updates
 from optimus.semantics.normalize import Canon, canonicalize
 from optimus.semantics.regions import Regions, context_kind, is_free, segments
 
@@ -42,11 +42,12 @@ class GraphIndex:
         self.nodes: list[fx.Node] = list(graph.nodes)
         self.pos: dict[fx.Node, int] = {n: i for i, n in enumerate(self.nodes)}
         self.canons: dict[fx.Node, Canon | None] = {n: canonicalize(n, modules) for n in self.nodes}
-        self.ordered: set[fx.Node] = ordered_nodes(self.nodes, self.canons)
+        self.ordered: set[fx.Node]
+        self.ordered, mutated = ordered_and_mutated(self.nodes, self.canons)
         self.regions = Regions(self.nodes)
         # state updates nothing else in the graph sees (see ``private_updates``): ordered, so they
         # are never dropped or merged, but outside the chain of effects, so a rule may move them
-        self.private: set[fx.Node] = private_updates(self.nodes, self.ordered)
+        self.private: set[fx.Node] = private_updates(self.nodes, self.ordered, mutated)
         private_state = {w for n in self.private for w in n.all_input_nodes if w in self.ordered}
         # the effects whose relative order is kept (chain edges in labels and in stable_toposort)
         self.chained: set[fx.Node] = self.ordered - self.private - private_state

@@ -309,3 +309,37 @@ def test_linear_batch_norm_relu_is_one_vertical_chain(train: bool) -> None:
         assert rep.rules_fired[rule] == 1
     dropouts = [n for n in gm.graph.nodes if n.target is F.dropout]
     assert len(dropouts) == (6 if train else 0)  # eval: noop_dropout removed them
+
+
+class InplaceAfter(nn.Module):
+    """Four BatchNorms whose results are rectified in place: with ``read_first`` another op reads
+    each result before the write (the write then cannot be made out-of-place)."""
+
+    def __init__(self, read_first: bool) -> None:
+        super().__init__()
+        self.read_first = read_first
+        self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for i, norm in enumerate(self.norms):
+            y = norm(x * float(i + 1))
+            if self.read_first:
+                outs.append(y * 2.0)
+            outs.append(y.relu_())
+        return outs
+
+
+def test_inplace_relu_after_batch_norm_is_functionalized_then_fused() -> None:
+    torch.manual_seed(0)
+    gm = assert_bit_equal(InplaceAfter(read_first=False), True, torch.randn(8, 16), rules=None)
+    assert fired(gm) == 1
+    assert fired(gm, "functionalize_inplace") >= 1
+
+
+def test_batch_norm_result_written_in_place_does_not_fuse() -> None:
+    """A result read and then written in place is a mutated value: its BatchNorm stays in the
+    chain of effects (one stacked result would hand the write a view of a split)."""
+    torch.manual_seed(0)
+    gm = assert_bit_equal(InplaceAfter(read_first=True), True, torch.randn(8, 16))
+    assert fired(gm) == 0
