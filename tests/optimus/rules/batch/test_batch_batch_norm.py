@@ -112,7 +112,7 @@ def test_parity_bit_equal(train: bool, bn: dict[str, Any]) -> None:
 
 def test_parity_float64_and_unequal_widths() -> None:
     torch.manual_seed(0)
-    mod = Experts(3, 8, [8, 16, 24]).double()
+    mod = Experts(4, 8, [8, 16, 24, 8]).double()
     gm = assert_bit_equal(mod, True, torch.randn(20, 8, dtype=torch.float64))
     assert fired(gm) == 1
 
@@ -184,12 +184,12 @@ def test_different_settings_do_not_fuse(first: dict[str, Any], second: dict[str,
 
 def test_module_called_twice_does_not_fuse() -> None:
     """A BatchNorm1d applied to two inputs updates its running statistics twice, in order;
-    batching either call would lose an update. The other three still fuse."""
+    batching either call would lose an update. The other four still fuse."""
 
     class Twice(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(4)])
+            self.norms = nn.ModuleList([nn.BatchNorm1d(16) for _ in range(5)])
 
         def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
             outs = [n(x * float(i + 1)) for i, n in enumerate(self.norms)]
@@ -198,7 +198,7 @@ def test_module_called_twice_does_not_fuse() -> None:
     torch.manual_seed(0)
     gm = assert_bit_equal(Twice(), True, torch.randn(8, 16))
     assert fired(gm) == 1
-    assert batch_norms(gm) == 3  # the fused three, and the twice-called module's two calls
+    assert batch_norms(gm) == 3  # the fused four, and the twice-called module's two calls
 
 
 def test_mutated_shared_input_does_not_fuse() -> None:
