@@ -30,9 +30,9 @@ class Experts(nn.Module):
             nn.Sequential(nn.Linear(d_in, w), nn.BatchNorm1d(w, **bn), nn.ReLU(), nn.Dropout(p))
             for w in widths
         )
-        for e in self.experts:  # non-trivial statistics and affine parameters
-            norm = e[1]
-            if norm.running_mean is not None:
+        norms = [m for m in self.modules() if isinstance(m, nn.BatchNorm1d)]
+        for norm in norms:  # non-trivial statistics and affine parameters
+            if norm.running_mean is not None and norm.running_var is not None:
                 norm.running_mean.normal_()
                 norm.running_var.uniform_(0.5, 2.0)
             if norm.weight is not None:
