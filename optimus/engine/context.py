@@ -435,8 +435,8 @@ class RewriteContext:
             node = stack.pop()
             if getattr(node, "_erased", False) or node.users or node.op in ("placeholder", "output"):
                 continue
-            if node in self.index.ordered:
-                continue
+            if node in self.index.ordered and node not in self.index.private:
+                continue  # an effect stays; a private state update was computed by its replacement
             inputs = node.all_input_nodes
             try:
                 self.graph.erase_node(node)

@@ -421,7 +421,7 @@ def _finish_round(
     return False."""
     graph = state.gm.graph
     try:
-        stable_toposort(graph, ctx.index.ordered)
+        stable_toposort(graph, ctx.index.chained)
         if applied_round:
             graph.lint()
     except (CycleError, RuntimeError) as exc:
@@ -503,7 +503,7 @@ def _tidy_stacks(ctx: RewriteContext, applied_round: list[Applied]) -> None:
 
 def _check(gm: fx.GraphModule, ctx: RewriteContext, verifier: Verifier) -> str | None:
     try:
-        stable_toposort(gm.graph, ctx.index.ordered)
+        stable_toposort(gm.graph, ctx.index.chained)
         gm.graph.lint()
     except (CycleError, RuntimeError) as exc:
         return f"graph invalid: {exc}"

@@ -84,7 +84,7 @@ class MemoryGate:
         end of the round will), the nodes rewrites of this round replaced (and nothing reads any
         more) left out. O(n)."""
         ctx = self.ctx
-        stable_toposort(ctx.graph, ctx.index.ordered)
+        stable_toposort(ctx.graph, ctx.index.chained)
         gone = {n for n in ctx.leftovers if not n.users}
         nodes = [n for n in ctx.graph.nodes if n not in gone]
         return estimate(nodes, {n: ctx.canon(n) for n in nodes})

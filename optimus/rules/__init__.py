@@ -9,6 +9,7 @@ listed first wins (the driver is deterministic). Cleanup rules run at the start 
 from __future__ import annotations
 
 from optimus.engine.rule import Rule
+from optimus.rules.batch.batch_batch_norm import BatchBatchNorm
 from optimus.rules.batch.batch_embedding import BatchEmbedding
 from optimus.rules.batch.batch_gate_pool import BatchGatePool
 from optimus.rules.batch.batch_layer_norm import BatchLayerNorm
@@ -54,6 +55,7 @@ REGISTRY: dict[str, type] = {
     "batch_size1_linear": BatchSize1Linear,  # Linear(1, N) per feature: one broadcast multiply-add
     "group_linear": GroupLinear,  # different-shape linears: one grouped launch (Triton on CUDA)
     "batch_layer_norm": BatchLayerNorm,
+    "batch_batch_norm": BatchBatchNorm,  # BatchNorm1d side by side on the channels (train: stats copied back)
     "batch_embedding": BatchEmbedding,  # per-feature lookups: one gather over the tables laid end to end
     # a trained lookup on CPU: index_select's backward (one index_add_) beats embedding's sort
     "embedding_index_select": EmbeddingIndexSelect,

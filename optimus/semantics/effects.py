@@ -23,6 +23,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+import torch
+import torch.nn.functional as F
 from torch import fx
 
 from optimus.semantics.normalize import VIEW_OPS, Canon
@@ -172,6 +174,14 @@ def may_alias_output(node: fx.Node, canon: Canon | None) -> bool:
 def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None]) -> set[fx.Node]:
     """Nodes whose order relative to each other must be kept, and that rules must not rewrite:
     effectful nodes plus every member of a mutated alias class (and their direct readers)."""
+    return ordered_and_mutated(nodes, canons)[0]
+
+
+def ordered_and_mutated(
+    nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None]
+) -> tuple[set[fx.Node], set[fx.Node]]:
+    """(:func:`ordered_nodes`, the members of the mutated alias classes themselves: values that
+    something in the graph writes in place, directly or through an alias)."""
     node_list = list(nodes)
     facts: dict[fx.Node, OpFacts | None] = {
         n: op_facts(n) if canons.get(n) is None and n.op in ("call_function", "call_method") else None
@@ -180,7 +190,7 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
     effectful = {n for n in node_list if is_effectful(n, canons.get(n), facts[n])}
     written = [m for n in effectful for m in mutated_args(n, canons.get(n), facts[n])]
     if not written:
-        return effectful
+        return effectful, set()
     classes = UnionFind()
     for node in node_list:
         if _may_alias_output(node, canons.get(node), facts[node]):
@@ -188,8 +198,59 @@ def ordered_nodes(nodes: Iterable[fx.Node], canons: dict[fx.Node, Canon | None])
                 classes.union(node, inp)
     bad_roots = {classes.find(m) for m in written}
     ordered = set(effectful)
+    mutated: set[fx.Node] = set()
     for node in node_list:
         if classes.find(node) in bad_roots:
+            mutated.add(node)
             ordered.add(node)
             ordered.update(u for u in node.users if u.op != "output")
-    return ordered
+    return ordered, mutated
+
+
+_PRIVATE_UPDATE_TARGETS = frozenset({F.batch_norm, torch.batch_norm})
+
+
+def private_updates(nodes: Iterable[fx.Node], ordered: set[fx.Node], mutated: set[fx.Node]) -> set[fx.Node]:
+    """Ordered nodes that only update state nothing else in the graph reads or writes: BatchNorm
+    calls in train mode whose running statistics are ``get_attr`` nodes read by that call alone
+    (no other node reads the same attribute, or the module holding it), whose other inputs are
+    not mutated values, and whose own result nothing writes in place (``mutated``: the members of
+    the mutated alias classes, :func:`ordered_and_mutated`).
+
+    WHY: such a call is effectful (the running statistics change), so it is kept and never merged
+    or dropped, but its effect commutes with every other node: moving it, or computing it
+    together with other such calls (``batch_batch_norm``), changes nothing another node can see.
+    Keeping it *blocked* like other effects stopped every rewrite around it (a tower's
+    ``Linear -> BatchNorm1d -> ReLU`` could not batch the ReLU, which reads an effect's result).
+    """
+    node_list = list(nodes)
+    by_target: dict[str, int] = {}
+    for node in node_list:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            by_target[target] = by_target.get(target, 0) + 1
+    found: set[fx.Node] = set()
+    for node in node_list:
+        if node not in ordered or node in mutated or node.op != "call_function":
+            continue
+        try:
+            if node.target not in _PRIVATE_UPDATE_TARGETS:
+                continue
+        except TypeError:
+            continue
+        written = mutated_args(node, None)
+        if not written:
+            continue
+        ok = True
+        for w in written:
+            target = str(w.target)
+            shared = by_target.get(target, 0) > 1 or any(
+                t != target and target.startswith(t + ".") for t in by_target
+            )
+            if w.op != "get_attr" or len(w.users) != 1 or shared:
+                ok = False
+                break
+        others = [i for i in node.all_input_nodes if i not in written]
+        if ok and not any(i in ordered for i in others):
+            found.add(node)
+    return found

@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from torch import fx
 
-from optimus.semantics.effects import ordered_nodes
+from optimus.semantics.effects import ordered_and_mutated, private_updates
 from optimus.semantics.normalize import Canon, canonicalize
 from optimus.semantics.regions import Regions, context_kind, is_free, segments
 
@@ -42,8 +42,16 @@ class GraphIndex:
         self.nodes: list[fx.Node] = list(graph.nodes)
         self.pos: dict[fx.Node, int] = {n: i for i, n in enumerate(self.nodes)}
         self.canons: dict[fx.Node, Canon | None] = {n: canonicalize(n, modules) for n in self.nodes}
-        self.ordered: set[fx.Node] = ordered_nodes(self.nodes, self.canons)
+        self.ordered: set[fx.Node]
+        self.ordered, mutated = ordered_and_mutated(self.nodes, self.canons)
         self.regions = Regions(self.nodes)
+        # state updates nothing else in the graph sees (see ``private_updates``): ordered, so they
+        # are never dropped or merged, but outside the chain of effects, so a rule may move them
+        self.private: set[fx.Node] = private_updates(self.nodes, self.ordered, mutated)
+        private_state = {w for n in self.private for w in n.all_input_nodes if w in self.ordered}
+        # the effects whose relative order is kept (chain edges in labels and in stable_toposort)
+        self.chained: set[fx.Node] = self.ordered - self.private - private_state
+        chained = self.chained
         self.depth: dict[fx.Node, float] = {}
         last_ordered = -1.0
         seg_floor = seg_max = -1.0  # label of the current segment's boundary / its largest label
@@ -55,7 +63,7 @@ class GraphIndex:
             boundary = barriers and node in self.regions.boundaries_set
             if barriers and not is_free(node):
                 d = max(d, seg_max + 1) if boundary else max(d, seg_floor + 1)
-            if node in self.ordered or node.op == "output":
+            if node in chained or node.op == "output":
                 d = max(d, last_ordered + 1)
                 last_ordered = d
             if boundary:
@@ -65,8 +73,9 @@ class GraphIndex:
             self.depth[node] = d
         self._ancestors: dict[fx.Node, int] | None = None
         # nodes rules must not rewrite: ordered ones and their direct readers (computed once)
-        self.blocked: set[fx.Node] = set(self.ordered)
-        for node in self.ordered:
+        self.blocked: set[fx.Node] = set()
+        for node in chained:
+            self.blocked.add(node)
             self.blocked.update(node.users)
 
     # -- labels ---------------------------------------------------------------------------

@@ -69,6 +69,21 @@ LATE_GROUP_KINDS = (
 # Group kinds drawn after all of the above (a draw of their own, so every earlier seed's program
 # stays what it was): towers run under activation checkpointing, as users save memory.
 CHECKPOINT_KINDS = ("checkpointed",)  # torch.utils.checkpoint.checkpoint(self.ck_i, s, ...) per tower
+# Drawn after all of the above: the experts of the multi-task zoos, ``Linear -> BatchNorm1d ->
+# ReLU -> Dropout`` (batch_batch_norm, in the module's mode). BN_WIDTH channels: 64 bytes of float32,
+# the smallest width batch_batch_norm batches on the CPU.
+BN_KINDS = ("bn_expert",)
+BN_WIDTH = 16
+# The BatchNorm1d of a group (``variant``): the momentum forms (a float, None = a cumulative
+# average read from num_batches_tracked), no affine parameters, no running statistics.
+BN_SETTINGS = {
+    "default": "",
+    "momentum": "momentum=0.3",
+    "cumulative": "momentum=None",
+    "no_affine": "affine=False",
+    "no_stats": "track_running_stats=False",
+}
+BN_DROPOUT = ("0.0", "0.2")  # the expert's dropout p (``shared``): off, or drawing per member
 # What a checkpointed tower computes (``variant``): Linear, the middle op, Linear. "dropout" draws
 # random numbers the backward's recomputation must draw again, identically (preserve_rng_state).
 CHECKPOINT_MIDDLE = {
@@ -266,12 +281,15 @@ def legalize(m: Member) -> Member:
     - no ``.view(-1)`` of a view eager cannot flatten (a slice, a transpose);
     - no in-place write on a tanh result (``alias_inplace``);
     - members without a tensor result (``*_unused``) have no consumer;
+    - no in-place consumer of a BatchNorm expert (its dropout may return ReLU's saved output);
     - a gate_pool member that writes its experts in place pools under ``no_grad`` (a pooling with
       grad saves the experts for backward, and a later write would break eager's backward); the
       writers run first (:func:`generate`), so every pooling with grad reads the written tensor.
     """
     if m.kind in ("bn_unused", "random_unused"):
         return replace(m, consumer="", keep=False)
+    if m.kind == "bn_expert" and m.consumer in INPLACE:
+        m = replace(m, consumer="")  # dropout(p=0) returns ReLU's output itself, which ReLU's backward reads
     if m.writes and m.kind != "gate_pool":
         m = replace(m, writes=False)
     if m.writes and m.region != "no_grad":
@@ -432,6 +450,24 @@ def _checkpointed_group(c: Choices) -> list[Member]:
     return members
 
 
+def _bn_expert_group(c: Choices) -> list[Member]:
+    """2..6 parallel experts ``Linear -> BatchNorm1d -> ReLU -> Dropout`` over one source: mostly one
+    BatchNorm setting and one dropout per group (an MMoE's experts), sometimes a member set apart."""
+    setting, p = c.choice(tuple(BN_SETTINGS)), c.choice(BN_DROPOUT)
+    src = c.choice(SOURCES)
+    members = []
+    for _ in range(c.integer(2, 6)):
+        m = _member(c, "bn_expert", src if c.integer(0, 3) else c.choice(SOURCES))
+        m = replace(
+            m,
+            variant=setting if c.integer(0, 5) else c.choice(tuple(BN_SETTINGS)),
+            shared=p,
+            region=m.region if c.integer(0, 2) == 0 else "",
+        )
+        members.append(legalize(m))
+    return members
+
+
 # Group generators of GROUP_KINDS (kind k is drawn when bit k of the last draw of :func:`generate` is set).
 GROUPS = {"gate_pool": _gate_pool_group, "slice_matmul": _slice_matmul_group}
 
@@ -520,6 +556,11 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         spec = replace(spec, sliced=c.choice(SLICES))
     if spec.sliced or spec.lookup_mode:
         spec = replace(spec, train_steps=2)
+    # Drawn after everything above: a group of BatchNorm experts in one program in three.
+    if c.integer(0, 2) == 0:
+        members = [*spec.members, *_bn_expert_group(c)]
+        members.sort(key=lambda m: (not mutates_source(m), not m.writes))
+        spec = replace(spec, members=tuple(members))
     return spec
 
 
@@ -605,6 +646,8 @@ def features(spec: Spec) -> set[str]:
             out.add(f"{m.kind}:{m.variant}")
         if m.kind in CHECKPOINT_KINDS:
             out.add(f"{m.kind}:{m.shared}")
+        if m.kind in BN_KINDS:
+            out |= {f"{m.kind}:{m.variant}", f"{m.kind}:dropout{m.shared}"}
         if m.joined:
             out.add(f"{m.kind}:joined")
     for kind in GROUP_KINDS:
@@ -795,6 +838,8 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
         if m.variant == "read":
             lines += [f"n{i} = c{i}.float().mean()"]
             outs += [f"n{i}"]
+    elif m.kind == "bn_expert":
+        lines += [f"{o} = self.bx{i}({s})"]
     elif m.kind == "checkpointed":
         call = CHECKPOINT_CALLS[m.shared]
         lines += [f"{o} = torch.utils.checkpoint.checkpoint(self.ck{i}, {s}, {call})"]
@@ -964,6 +1009,12 @@ def init_source(spec: Spec) -> str:
             lines += [f"self.lin{i} = nn.Linear(1, {hdim}, bias={m.variant == 'bias'})"]
         elif m.kind in ("bn_twice", "bn_unused"):
             lines += [f"self.bn{i} = nn.BatchNorm1d({d})"]
+        elif m.kind == "bn_expert":
+            bn = ", ".join(v for v in (str(BN_WIDTH), BN_SETTINGS[m.variant]) if v)
+            lines += [
+                f"self.bx{i} = nn.Sequential(nn.Linear({d}, {BN_WIDTH}), nn.BatchNorm1d({bn}), "
+                f"nn.ReLU(), nn.Dropout({m.shared}))"
+            ]
         elif m.kind in ("random_dup", "random_unused") and m.variant == "dropout_module":
             lines += [f"self.drop{i} = nn.Dropout(0.5)"]
         elif m.kind == "gate_pool":

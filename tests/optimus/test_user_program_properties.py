@@ -32,6 +32,9 @@ from fuzz_checks import (
 from fuzz_choices import DrawChoices
 from fuzz_known_failures import KNOWN
 from fuzz_programs import (
+    BN_DROPOUT,
+    BN_KINDS,
+    BN_SETTINGS,
     CASTS,
     CHECKPOINT_CALLS,
     CHECKPOINT_KINDS,
@@ -73,6 +76,8 @@ RARE_RULE_SEEDS = (
 # fire on the launch-bound path (the multiply-sum pooling, batched only without a gradient, in a
 # no_grad block: 52, 55).
 EXPERT_RULE_SEEDS = range(50, 60)
+# Seeds whose BatchNorm experts batch_batch_norm batches (train mode: 0, 18, 22; eval: 11)
+BN_RULE_SEEDS = (0, 11, 18, 22)
 
 
 @st.composite
@@ -126,6 +131,9 @@ def test_fixed_seeds_cover_every_construct() -> None:
     # towers under activation checkpointing: each middle op and each way of checkpointing
     wanted |= {f"kind:{k}" for k in CHECKPOINT_KINDS} | {f"checkpointed:{m}" for m in CHECKPOINT_MIDDLE}
     wanted |= {f"checkpointed:{c}" for c in CHECKPOINT_CALLS}
+    # the multi-task zoos' BatchNorm experts: each BatchNorm setting, dropout off and on
+    wanted |= {f"kind:{k}" for k in BN_KINDS} | {f"bn_expert:{b}" for b in BN_SETTINGS}
+    wanted |= {f"bn_expert:dropout{p}" for p in BN_DROPOUT}
     assert wanted <= seen, sorted(wanted - seen)
 
 
@@ -232,6 +240,25 @@ def test_generated_programs_reach_the_expert_rules_and_keep_parity() -> None:
     assert failures == []
     for rule in ("batch_gate_pool", "batch_slice_matmul", "mul_sum"):
         assert fired.get(rule, 0) > 0, (rule, fired)
+
+
+def test_generated_programs_reach_batch_batch_norm_and_keep_parity() -> None:
+    """The generator's BatchNorm experts (``Linear -> BatchNorm1d -> ReLU -> Dropout``) are what
+    batch_batch_norm rewrites: on fixed seeds, in train and eval mode, it fires, and the caller
+    sees what eager gives, running statistics and num_batches_tracked included (every path the
+    fuzz runner checks; the launch-bound ones make it fire)."""
+    fired: dict[str, int] = {}
+    failures: list[str] = []
+    modes = set()
+    for seed in BN_RULE_SEEDS:
+        spec = random_spec(seed)
+        modes.add(spec.train)
+        for path, result in check(spec, ("optimize", "default", "relayout", "backend")).items():
+            failures += [f"{seed} {path}: {m}" for m in result.mismatches]
+            fired[path] = fired.get(path, 0) + result.fired.get("batch_batch_norm", 0)
+    assert failures == []
+    assert modes == {True, False}
+    assert fired["optimize"] > 0 and fired["relayout"] > 0, fired
 
 
 # ---------------------------------------------------------------------------------------------

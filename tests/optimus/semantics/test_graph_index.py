@@ -75,3 +75,39 @@ def test_effects_are_ordered_and_mutated_values_unmovable() -> None:
     assert {y, view, read_before} <= idx.ordered  # the alias class of the mutated value
     assert free not in idx.ordered and idx.movable(free)
     assert not idx.movable(read_before)
+
+
+def _batch_norms(calls: list[str]) -> tuple[fx.Graph, list[fx.Node], list[fx.Node]]:
+    """Train-mode ``F.batch_norm`` calls, one per entry of ``calls`` (the buffer prefix it reads:
+    equal prefixes are one module called twice), each followed by a relu; (graph, norms, relus)."""
+    import torch.nn.functional as F
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    norms, relus = [], []
+    for name in calls:
+        rm = g.get_attr(f"{name}_running_mean")
+        rv = g.get_attr(f"{name}_running_var")
+        bn = g.call_function(F.batch_norm, (x, rm, rv, None, None, True, 0.1, 1e-5))
+        norms.append(bn)
+        relus.append(g.call_function(torch.relu, (bn,)))
+    g.output(tuple(relus))
+    return g, norms, relus
+
+
+def test_private_state_updates_leave_the_chain_of_effects() -> None:
+    """A train-mode BatchNorm whose statistics nothing else reads is ordered (kept, never merged)
+    but neither chained nor blocked: it and its readers may move. A module called twice is not
+    private: both calls stay in order and their readers stay blocked."""
+    g, norms, relus = _batch_norms(["a", "b", "c"])
+    idx = GraphIndex(g)
+    assert set(norms) <= idx.ordered and set(norms) == idx.private
+    assert not set(norms) & idx.chained
+    assert all(idx.movable(n) for n in [*norms, *relus])
+    assert idx.depth[norms[0]] == idx.depth[norms[2]]  # no chain edge between the updates
+
+    g, norms, relus = _batch_norms(["a", "a", "b"])
+    idx = GraphIndex(g)
+    assert idx.private == {norms[2]}
+    assert {norms[0], norms[1]} <= idx.chained
+    assert not idx.movable(relus[0]) and not idx.movable(relus[1]) and idx.movable(relus[2])
