@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import fx, nn
+from two_ranks import spawn_two
 
 import optimus
 from optimus.params.relayout import PREFIX, RelayoutParams
@@ -82,15 +81,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_ranks_keep_the_first_ranks_verdict(tmp_path: Path) -> None:
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = spawn_two(_rank, tmp_path)
     assert "error" not in r0, r0.get("trace")
     assert "error" not in r1, r1.get("trace")
     assert r0["guard"] == r1["guard"] == "kept"  # rank 1's own clock said slower

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+from two_ranks import spawn_two
 
 import optimus
 from optimus.params.relayout import PREFIX, RelayoutParams
@@ -127,18 +126,6 @@ def _rank(rank: int, port: int, name: str, optimizer: str, gradients: str, out: 
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(fn: Callable[..., None], tmp_path: Path, *args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    mp.spawn(fn, args=(_free_port(), *args, str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    return r0, r1
-
-
 def _single_process(
     name: str, optimizer: str
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
@@ -157,7 +144,7 @@ def _single_process(
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_ddp_reduces_every_member_of_the_relayout(tmp_path: Path, name: str, optimizer: str) -> None:
-    r0, r1 = _spawn(_rank, tmp_path, name, optimizer, "auto")
+    r0, r1 = spawn_two(_rank, tmp_path, name, optimizer, "auto")
     assert "error" not in r0 and "error" not in r1, r0.get("trace") or r1.get("trace")
     assert r0["stacked"] and r0["stacked"] == r1["stacked"]  # the re-layout really ran
     assert r0["attached"] == r1["attached"] == len(r0["stacked"])
@@ -176,7 +163,7 @@ def test_ddp_reduces_every_member_of_the_relayout(tmp_path: Path, name: str, opt
 def test_gradient_hooks_under_ddp_leave_the_members_unreduced(tmp_path: Path) -> None:
     """Why a process group gets the attached members: with the hooks DDP never sees a member's
     gradient arrive, and the next step fails."""
-    r0, r1 = _spawn(_rank, tmp_path, "linear_norm", "sgd_momentum", "hooks")
+    r0, r1 = spawn_two(_rank, tmp_path, "linear_norm", "sgd_momentum", "hooks")
     for r in (r0, r1):
         assert r["stacked"] and r["attached"] == 0
         assert "error" in r and "finished reduction in the prior iteration" in r["error"]
@@ -218,7 +205,7 @@ def _rank_contract(rank: int, port: int, out: str) -> None:
 
 
 def test_no_sync_static_graph_and_checkpoints_keep_working(tmp_path: Path) -> None:
-    r0, r1 = _spawn(_rank_contract, tmp_path)
+    r0, r1 = spawn_two(_rank_contract, tmp_path)
     assert "error" not in r0 and "error" not in r1, r0.get("trace") or r1.get("trace")
     assert r0["grads"] == r1["grads"]
     model, inputs, labels, loss_fn = _linear_norm()
