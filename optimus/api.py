@@ -23,6 +23,7 @@ from optimus.engine.builder import CONSTANT_PREFIX
 from optimus.engine.context import RewriteContext
 from optimus.engine.verify import Verifier
 from optimus.memory.chunked import chunk_lightest
+from optimus.memory.live import ceiling_budget, static_bytes
 from optimus.params.relayout import OWNED_FLAG
 from optimus.report import OptimusReport, StopReason
 from optimus.rules import resolve
@@ -59,9 +60,13 @@ def optimize_graph_module(
             verifier = Verifier(reference, example_inputs, config.seed, config.rtol, config.atol)
     backup = copy_graph(gm.graph)
     try:
+        config = _within_ceiling(gm, config, inference, report)
+        if config is None:
+            return report
         driver.run(gm, config, resolve(config.rules), report, verifier)
         chunk = config.inference_chunk_bytes
-        if inference and chunk is not None and getattr(config.cost_model, "inductor", False) is True:
+        if _chunks(config, inference):
+            assert chunk is not None
             _chunk_stacked(gm, config, chunk, report, verifier)
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
@@ -73,6 +78,61 @@ def optimize_graph_module(
         report.notes.append(f"unchanged: {type(exc).__name__}: {exc}")
     drop_unused_constants(gm)
     return report
+
+
+def _chunks(config: OptimusConfig, inference: bool) -> bool:
+    """Does this run chunk its fused chains after the rules (``optimus.memory.chunked``)?"""
+    inductor = getattr(config.cost_model, "inductor", False) is True
+    return inference and config.inference_chunk_bytes is not None and inductor
+
+
+def _within_ceiling(
+    gm: fx.GraphModule, config: OptimusConfig, inference: bool, report: OptimusReport
+) -> OptimusConfig | None:
+    """The config the real run uses under ``config.memory_ceiling``, or None: no rewrite at all.
+
+    WHY a trial of the whole run and not only a per-rewrite gate: the gate judges each rewrite
+    alone, with an upper bound of what the round's rewrites added, and so refuses fusions whose
+    stacked buffers later rewrites free again (towers and mmoe medium, where the optimized
+    graph's peak is not above the captured one's). The whole run is tried first on a copy of the
+    graph, with ``vertical.ProbeLayout`` in place of a layout that changes the module, and its
+    final estimated peak (parameters and buffers plus live bytes, ``optimus.memory.live``) is
+    judged: within the ceiling, the run is made as it would be without one. Above it, the run
+    with every rewrite gated (the ceiling as a budget) is tried the same way; above it still,
+    the graph is left as captured (a tiny model, where one stacked group outweighs the whole
+    unfused graph's peak). The trials cost about one more optimize pass (under 2% of a compile)."""
+    ceiling = config.memory_ceiling
+    if ceiling is None:
+        return config
+    ungated = config.with_(memory_ceiling=None)
+    captured = RewriteContext(gm, config.cost_model, config.layout).live.peak
+    budget = ceiling_budget(static_bytes(gm), captured, ceiling)
+    if _trial_peak(gm, ungated, inference) <= budget:
+        return ungated
+    if _trial_peak(gm, config, inference) <= budget:
+        report.notes.append(f"memory_ceiling: every rewrite gated (the whole run lifted the estimated peak past {ceiling:.0%})")
+        return config
+    report.notes.append(f"memory_ceiling: unchanged (every run lifted the estimated peak past {ceiling:.0%})")
+    report.stop_reason = StopReason.unchanged()
+    report.nodes_after = report.nodes_before = len(gm.graph.nodes)
+    report.live_peak_before = report.live_peak_after = captured
+    return None
+
+
+def _trial_peak(gm: fx.GraphModule, config: OptimusConfig, inference: bool) -> float:
+    """The estimated live peak of ``gm`` optimized under ``config``, on a copy (``gm`` and its
+    parameters are left as they are)."""
+    from optimus.engine.param_layout import RuntimeStack
+    from optimus.engine.vertical import ProbeLayout
+
+    trial = copy_graph_module(gm)
+    layout = config.layout if isinstance(config.layout, RuntimeStack) else ProbeLayout(config.layout)
+    probe = config.with_(layout=layout)  # type: ignore[arg-type]
+    driver.run(trial, probe, resolve(config.rules), OptimusReport())
+    if _chunks(config, inference):
+        assert config.inference_chunk_bytes is not None
+        chunk_lightest(trial, config.inference_chunk_bytes)
+    return RewriteContext(trial, config.cost_model, layout).live.peak  # type: ignore[arg-type]
 
 
 def _chunk_stacked(

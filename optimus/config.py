@@ -9,6 +9,7 @@ from typing import Any
 from optimus.cost.analytic import AnalyticCostModel, CostModel
 from optimus.engine.param_layout import ParamLayout, RuntimeStack
 from optimus.memory.chunked import CHUNK_BYTES
+from optimus.memory.live import MEMORY_CEILING
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class OptimusConfig:
         (0.0: whenever it is faster; 1.0 or more: never).
     memory_budget_bytes: no rewrite may lift the estimated peak above this many bytes (None: no
         budget). Rewrites that add no live bytes are still taken when the graph is over it.
+    memory_ceiling: no rewrite may lift the estimated peak of the whole program (live bytes plus
+        the parameters and buffers the graph reads) more than this fraction above that of the
+        graph as captured (default 0.02; None: no ceiling). It is a budget the driver derives
+        (``optimus.engine.memory_gate.ceiling_budget``); where both are set the lower one holds.
     inference_chunk_bytes: a graph captured in eval mode and priced for Inductor runs each fused
         chain a few members at a time, so its stacked intermediates stay about this size (see
         ``optimus.memory.chunked``); None: never.
@@ -45,6 +50,7 @@ class OptimusConfig:
     seed: int = 0
     memory_margin: float = 0.0
     memory_budget_bytes: int | None = None
+    memory_ceiling: float | None = MEMORY_CEILING
     inference_chunk_bytes: int | None = CHUNK_BYTES
 
     def __post_init__(self) -> None:
@@ -76,6 +82,11 @@ class OptimusConfig:
         budget = self.memory_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"memory_budget_bytes must be a positive int or None, got {budget!r}")
+        ceiling = self.memory_ceiling
+        if ceiling is not None and (
+            isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not 0 <= ceiling < float("inf")
+        ):
+            raise ValueError(f"memory_ceiling must be a finite number >= 0 or None, got {ceiling!r}")
         chunk = self.inference_chunk_bytes
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"inference_chunk_bytes must be a positive int or None, got {chunk!r}")
@@ -91,6 +102,6 @@ class OptimusConfig:
             f"rules={self.rules};cost={type(cm).__module__}.{type(cm).__qualname__}:{vars(cm) if hasattr(cm, '__dict__') else ''};"
             f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
             f"nodes={self.max_nodes};memory_margin={self.memory_margin};"
-            f"memory_budget_bytes={self.memory_budget_bytes};"
+            f"memory_budget_bytes={self.memory_budget_bytes};memory_ceiling={self.memory_ceiling};"
             f"inference_chunk_bytes={self.inference_chunk_bytes}"
         )
