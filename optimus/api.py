@@ -110,7 +110,9 @@ def _within_ceiling(
     if _trial_peak(gm, ungated, inference) <= budget:
         return ungated
     if _trial_peak(gm, config, inference) <= budget:
-        report.notes.append(f"memory_ceiling: every rewrite gated (the whole run lifted the estimated peak past {ceiling:.0%})")
+        report.notes.append(
+            f"memory_ceiling: every rewrite gated (the whole run lifted the estimated peak past {ceiling:.0%})"
+        )
         return config
     report.notes.append(f"memory_ceiling: unchanged (every run lifted the estimated peak past {ceiling:.0%})")
     report.stop_reason = StopReason.unchanged()
@@ -126,13 +128,15 @@ def _trial_peak(gm: fx.GraphModule, config: OptimusConfig, inference: bool) -> f
     from optimus.engine.vertical import ProbeLayout
 
     trial = copy_graph_module(gm)
+    setattr(trial, OWNED_FLAG, getattr(gm, OWNED_FLAG, False))  # priced as the real run's layout would be
     layout = config.layout if isinstance(config.layout, RuntimeStack) else ProbeLayout(config.layout)
     probe = config.with_(layout=layout)  # type: ignore[arg-type]
     driver.run(trial, probe, resolve(config.rules), OptimusReport())
     if _chunks(config, inference):
         assert config.inference_chunk_bytes is not None
         chunk_lightest(trial, config.inference_chunk_bytes)
-    return RewriteContext(trial, config.cost_model, layout).live.peak  # type: ignore[arg-type]
+    peak = RewriteContext(trial, config.cost_model, layout).live.peak  # type: ignore[arg-type]
+    return peak
 
 
 def _chunk_stacked(

@@ -220,16 +220,20 @@ def _optimize_relayout(
     way ran (``optimus_gradients``) and why. Groups the re-layout declines stack per call.
     """
     optimus = _optimus()
+    from optimus.memory.live import MEMORY_CEILING
     from optimus.params.relayout import RelayoutParams
 
-    layout = RelayoutParams()
+    # gradient buffers kept between steps lift the training peak by their bytes (RelayoutParams)
+    layout = RelayoutParams(keep_gradient_buffers=False)
     if _COST_MODEL[0] == "measured":
         from optimus.cost.measured import MeasuredCostModel
 
         model: Any = MeasuredCostModel(inductor=inductor)
     else:
         model = optimus.AnalyticCostModel(inductor=inductor)
-    config = optimus.OptimusConfig(layout=layout, cost_model=model)
+    # The ceiling keeps the program's estimated peak within 2% of the captured graph's (the
+    # harness's memory target against compile); docs/optimus.md, "Memory is a cost".
+    config = optimus.OptimusConfig(layout=layout, cost_model=model, memory_ceiling=MEMORY_CEILING)
     if _MEMORY_MARGIN[0] is not None:
         config = config.with_(memory_margin=_MEMORY_MARGIN[0])
     t0 = time.perf_counter()

@@ -10,8 +10,8 @@ rewrite, so the gate keeps an upper bound: every rewrite taken this round may ha
 bytes anywhere (``added``), and the peak is at most the largest projection taken so far. The
 next round starts again from an exact estimate of the rewritten graph.
 
-The default ``memory_ceiling`` (``optimus.memory.live.MEMORY_CEILING``) is a budget the driver
-derives once, from the graph as captured (``ceiling``, in live bytes): the program's estimated
+``memory_ceiling`` (the benchmark's Optimus modes use ``optimus.memory.live.MEMORY_CEILING``) is
+a budget the driver derives once, from the graph as captured (``ceiling``, in live bytes): the program's estimated
 memory (parameters and buffers plus the live peak) may grow by at most that fraction. It is what
 keeps a tiny model's peak where compile's is: there a stacked group of twelve towers holds more
 than the whole unfused graph does at once, and the time it saves does not buy that. With

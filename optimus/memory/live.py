@@ -27,7 +27,7 @@ In training, autograd keeps saved activations past their last forward reader; th
 modelled (the estimate prices the forward's own working set).
 
 What a user measures is the whole program: the parameters and buffers (``static_bytes``) plus
-the step's own peak. The default ceiling (``MEMORY_CEILING``, ``OptimusConfig.memory_ceiling``)
+the step's own peak. The ceiling (``OptimusConfig.memory_ceiling``; ``MEMORY_CEILING`` in the benchmark)
 is a fraction of that total, so a rewrite may add bytes where they are small beside the program
 (the fused groups at scale) and not where the activations are the program (a tiny model, where
 one stacked group alone outweighs what the unfused graph ever holds at once).
@@ -195,7 +195,9 @@ def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any], inductor: boo
         last[node] = reach
     delta = [0.0] * (len(nodes) + 1)
     for node in nodes:
-        nbytes = 0 if aliases[node] or node in joined or node.op in ("get_attr", "output") else output_bytes(node)
+        nbytes = (
+            0 if aliases[node] or node in joined or node.op in ("get_attr", "output") else output_bytes(node)
+        )
         if nbytes:
             parts = [pos[p] for p in node.all_input_nodes if p in joined and p in pos]
             delta[min([pos[node], *parts])] += nbytes
