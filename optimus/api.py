@@ -106,7 +106,7 @@ def _within_ceiling(
         return config
     ungated = config.with_(memory_ceiling=None)
     captured = RewriteContext(gm, config.cost_model, config.layout).live.peak
-    budget = ceiling_budget(static_bytes(gm), captured, ceiling)
+    budget = ceiling_budget(static_bytes(gm) + config.memory_outside_bytes, captured, ceiling)
     if _trial_peak(gm, ungated, inference) <= budget:
         return ungated
     if _trial_peak(gm, config, inference) <= budget:

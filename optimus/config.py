@@ -35,6 +35,8 @@ class OptimusConfig:
         it fits; otherwise every rewrite is gated by the ceiling, and if that does not fit either
         the graph is left as captured (``optimus.api``). Opt-in because on a toy graph the
         activations are the whole program and the ceiling refuses nearly every fusion.
+    memory_outside_bytes: bytes the program holds beside this graph (the embedding tables a dense
+        arch runs with), counted in the whole the ceiling is a fraction of (default 0).
     inference_chunk_bytes: a graph captured in eval mode and priced for Inductor runs each fused
         chain a few members at a time, so its stacked intermediates stay about this size (see
         ``optimus.memory.chunked``); None: never.
@@ -53,6 +55,7 @@ class OptimusConfig:
     memory_margin: float = 0.0
     memory_budget_bytes: int | None = None
     memory_ceiling: float | None = None
+    memory_outside_bytes: int = 0
     inference_chunk_bytes: int | None = CHUNK_BYTES
 
     def __post_init__(self) -> None:
@@ -91,6 +94,9 @@ class OptimusConfig:
             or not 0 <= ceiling < float("inf")
         ):
             raise ValueError(f"memory_ceiling must be a finite number >= 0 or None, got {ceiling!r}")
+        outside = self.memory_outside_bytes
+        if isinstance(outside, bool) or not isinstance(outside, int) or outside < 0:
+            raise ValueError(f"memory_outside_bytes must be an int >= 0, got {outside!r}")
         chunk = self.inference_chunk_bytes
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"inference_chunk_bytes must be a positive int or None, got {chunk!r}")
@@ -107,5 +113,6 @@ class OptimusConfig:
             f"layout={type(self.layout).__qualname__};verify={self.verify};iters={self.max_iterations};"
             f"nodes={self.max_nodes};memory_margin={self.memory_margin};"
             f"memory_budget_bytes={self.memory_budget_bytes};memory_ceiling={self.memory_ceiling};"
+            f"memory_outside_bytes={self.memory_outside_bytes};"
             f"inference_chunk_bytes={self.inference_chunk_bytes}"
         )

@@ -169,7 +169,8 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     if iteration == 0:
         report.live_peak_before = ctx.live.peak  # the graph as captured (one O(n) pass)
         if state.config.memory_ceiling is not None:
-            state.ceiling = ceiling_budget(static_bytes(state.gm), ctx.live.peak, state.config.memory_ceiling)
+            static = static_bytes(state.gm) + state.config.memory_outside_bytes
+            state.ceiling = ceiling_budget(static, ctx.live.peak, state.config.memory_ceiling)
         for node in ctx.index.regions.unknown:
             report.notes.append(
                 f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"

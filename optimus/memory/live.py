@@ -145,23 +145,33 @@ def _generated(node: fx.Node, names: dict[fx.Node, str | None]) -> str | None:
 
 
 _JOINS = frozenset({"cat", "stack"})
+# Extern matmuls Inductor also runs with ``out=`` a slice of a joined buffer (dlrm's projections
+# into its interaction stack: ``addmm(..., out=reinterpret_tensor(buf, ...))``).
+_JOINABLE_EXTERN = frozenset({"linear", "addmm", "mm"})
 
 
 def inductor_placement(nodes: Sequence[fx.Node]) -> tuple[set[fx.Node], set[fx.Node]]:
     """(fused, joined) under Inductor (see the module docstring). fused: pointwise ops and layer
     norms Inductor computes inside their readers (each reader a pointwise op, a norm or a
     reduction); they hold no buffer and their inputs live until the readers run. joined:
-    pointwise ops read only by a cat or stack, which Inductor writes straight into the joined
-    buffer when it runs; they hold no buffer, and the joined one is alive from the first of them."""
+    pointwise ops and 2-D matmuls read only by a cat or stack, which Inductor writes straight
+    into the joined buffer when they run; they hold no buffer, and the joined one is alive from
+    the first of them."""
     names = {n: _aten_name(n) for n in nodes}
     generated = {n: _generated(n, names) for n in nodes}
     fused: set[fx.Node] = set()
     joined: set[fx.Node] = set()
     for node in nodes:
         name = generated[node]
-        if name is None or name in _GENERATED - _FUSED_RESULT or not node.users:
+        if not node.users:
             continue
         readers = [generated.get(u) for u in node.users]
+        if name is None:
+            if names.get(node) in _JOINABLE_EXTERN and all(r in _JOINS for r in readers):
+                joined.add(node)
+            continue
+        if name in _GENERATED - _FUSED_RESULT:
+            continue
         if all(r is not None and r not in _JOINS for r in readers):
             fused.add(node)
         elif name not in _FUSED_RESULT and all(r in _JOINS for r in readers):
