@@ -215,6 +215,28 @@ def test_a_declined_trial_leaves_re_laid_out_parameters_alone() -> None:
     assert_parity(module, gm, inputs)
 
 
+def test_memory_beside_the_graph_widens_the_ceiling() -> None:
+    """The ceiling is a fraction of the whole program: with the bytes a dense arch runs beside
+    (its embedding tables) counted, a fusion the graph alone could not afford fits."""
+    inputs = (_x(),)
+    alone = optimize_traced(Towers(), inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    assert _fired(alone, "batch_unary") == 0
+    peak = alone.optimus_report.live_peak_before
+    lifted = optimize_traced(Towers(), inputs).optimus_report.live_peak_after
+    outside = int((lifted - peak) / 0.02)  # 2% of it pays for the fused form
+    config = optimus.OptimusConfig(memory_ceiling=0.02, memory_outside_bytes=outside)
+    beside = optimize_traced(Towers(), inputs, config=config)
+    assert _fired(beside, "batch_unary") == 1
+    assert not any("memory_ceiling" in n for n in beside.optimus_report.notes)
+    assert_parity(Towers(), beside, inputs)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_config_rejects_bad_memory_outside_bytes(value: object) -> None:
+    with pytest.raises(ValueError, match="memory_outside_bytes"):
+        optimus.OptimusConfig(memory_outside_bytes=value)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, True, "0.02"])
 def test_config_rejects_bad_memory_ceiling(value: object) -> None:
     with pytest.raises(ValueError, match="memory_ceiling"):
@@ -225,6 +247,7 @@ def test_memory_ceiling_reaches_the_fingerprint() -> None:
     base = optimus.OptimusConfig()
     assert base.memory_ceiling is None
     assert base.fingerprint() != base.with_(memory_ceiling=0.02).fingerprint()
+    assert base.fingerprint() != base.with_(memory_outside_bytes=1).fingerprint()
 
 
 class Layers(nn.Module):
