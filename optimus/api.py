@@ -60,14 +60,14 @@ def optimize_graph_module(
             verifier = Verifier(reference, example_inputs, config.seed, config.rtol, config.atol)
     backup = copy_graph(gm.graph)
     try:
-        config = _within_ceiling(gm, config, inference, report)
-        if config is None:
+        chosen = _within_ceiling(gm, config, inference, report)
+        if chosen is None:  # left as captured
             return report
-        driver.run(gm, config, resolve(config.rules), report, verifier)
-        chunk = config.inference_chunk_bytes
-        if _chunks(config, inference):
+        driver.run(gm, chosen, resolve(chosen.rules), report, verifier)
+        chunk = chosen.inference_chunk_bytes
+        if _chunks(chosen, inference):
             assert chunk is not None
-            _chunk_stacked(gm, config, chunk, report, verifier)
+            _chunk_stacked(gm, chosen, chunk, report, verifier)
     except Exception as exc:  # never fail the user's model because of an optimizer bug
         log.warning(
             "optimus: optimization failed (%s: %s); graph returned unchanged", type(exc).__name__, exc

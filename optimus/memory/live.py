@@ -58,7 +58,7 @@ _GENERATED = frozenset(
 # pointwise epilogue of its statistics).
 _FUSED_RESULT = frozenset({"layer_norm", "native_layer_norm"})
 # Python's arithmetic operators on tensors (``x * y`` in a captured graph) and their ATen ops.
-_OPERATORS = {
+_OPERATORS: dict[Any, str] = {
     operator.add: "add",
     operator.sub: "sub",
     operator.mul: "mul",
@@ -118,7 +118,7 @@ def _aten_name(node: fx.Node) -> str | None:
     if node.op not in ("call_function", "call_method"):
         return None
     try:
-        name = _OPERATORS.get(node.target)  # type: ignore[call-overload]
+        name = _OPERATORS.get(node.target)
     except TypeError:  # an unhashable target
         name = None
     return name or aten_name(node)
