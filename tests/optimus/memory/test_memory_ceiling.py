@@ -6,6 +6,7 @@ backward parity of what is kept, and the re-layout's gradient buffers left off."
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -86,7 +87,8 @@ def _x() -> torch.Tensor:
 
 
 def _fired(gm: fx.GraphModule, rule: str) -> int:
-    return gm.optimus_report.rules_fired.get(rule, 0)
+    report: Any = gm.optimus_report
+    return int(report.rules_fired.get(rule, 0))
 
 
 def test_inductor_estimate_computes_a_norm_inside_its_reader() -> None:
