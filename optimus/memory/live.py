@@ -36,7 +36,7 @@ one stacked group alone outweighs what the unfused graph ever holds at once).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -150,15 +150,30 @@ _JOINS = frozenset({"cat", "stack"})
 _JOINABLE_EXTERN = frozenset({"linear", "addmm", "mm"})
 
 
-def inductor_placement(nodes: Sequence[fx.Node]) -> tuple[set[fx.Node], set[fx.Node]]:
+def inductor_placement(
+    nodes: Sequence[fx.Node], is_view: Callable[[fx.Node], bool] | None = None
+) -> tuple[set[fx.Node], set[fx.Node]]:
     """(fused, joined) under Inductor (see the module docstring). fused: pointwise ops and layer
     norms Inductor computes inside their readers (each reader a pointwise op, a norm or a
     reduction); they hold no buffer and their inputs live until the readers run. joined:
     pointwise ops and 2-D matmuls read only by a cat or stack, which Inductor writes straight
     into the joined buffer when they run; they hold no buffer, and the joined one is alive from
-    the first of them."""
+    the first of them. ``is_view``: a node whose output may be a view of its input; a joined op
+    may reach its cat through views (the fused towers' ``flatten(movedim(v))`` hand-back), which
+    Inductor folds into the write's indexing."""
     names = {n: _aten_name(n) for n in nodes}
     generated = {n: _generated(n, names) for n in nodes}
+    viewing = is_view or (lambda n: False)
+    into_join: dict[fx.Node, bool] = {}
+
+    def reaches_join_only(node: fx.Node) -> bool:
+        """Every reader of ``node`` is a cat or stack, or a view whose readers all are."""
+        if node not in into_join:
+            into_join[node] = bool(node.users) and all(
+                generated.get(u) in _JOINS or (viewing(u) and reaches_join_only(u)) for u in node.users
+            )
+        return into_join[node]
+
     fused: set[fx.Node] = set()
     joined: set[fx.Node] = set()
     for node in nodes:
@@ -167,16 +182,29 @@ def inductor_placement(nodes: Sequence[fx.Node]) -> tuple[set[fx.Node], set[fx.N
             continue
         readers = [generated.get(u) for u in node.users]
         if name is None:
-            if names.get(node) in _JOINABLE_EXTERN and all(r in _JOINS for r in readers):
+            if names.get(node) in _JOINABLE_EXTERN and reaches_join_only(node):
                 joined.add(node)
             continue
         if name in _GENERATED - _FUSED_RESULT:
             continue
         if all(r is not None and r not in _JOINS for r in readers):
             fused.add(node)
-        elif name not in _FUSED_RESULT and all(r in _JOINS for r in readers):
+        elif name not in _FUSED_RESULT and reaches_join_only(node):
             joined.add(node)
     return fused, joined
+
+
+def _joined_parts(node: fx.Node, joined: set[fx.Node], aliases: dict[fx.Node, bool]) -> list[fx.Node]:
+    """The joined ops written into ``node``'s buffer: its inputs, looked through views."""
+    found: list[fx.Node] = []
+    todo = list(node.all_input_nodes) if joined else []
+    while todo:
+        p = todo.pop()
+        if p in joined:
+            found.append(p)
+        elif aliases.get(p) and p.op in ("call_function", "call_method"):
+            todo.extend(p.all_input_nodes)
+    return found
 
 
 def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any], inductor: bool = False) -> LiveEstimate:
@@ -187,7 +215,8 @@ def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any], inductor: boo
     aliases = {n: n.op != "output" and may_alias_output(n, canons.get(n)) for n in nodes}  # once each
     joined: set[fx.Node] = set()
     if inductor:
-        fused, joined = inductor_placement(nodes)
+        views = dict(aliases)
+        fused, joined = inductor_placement(nodes, lambda n: views.get(n, False))
         for node in fused:
             aliases[node] = True
     last: dict[fx.Node, int] = {}
@@ -209,7 +238,7 @@ def estimate(nodes: Sequence[fx.Node], canons: dict[fx.Node, Any], inductor: boo
             0 if aliases[node] or node in joined or node.op in ("get_attr", "output") else output_bytes(node)
         )
         if nbytes:
-            parts = [pos[p] for p in node.all_input_nodes if p in joined and p in pos]
+            parts = [pos[p] for p in _joined_parts(node, joined, aliases) if p in pos]
             delta[min([pos[node], *parts])] += nbytes
             delta[last[node] + 1] -= nbytes
     live = tuple(accumulate(delta[:-1]))

@@ -116,6 +116,29 @@ def test_inductor_estimate_writes_joined_pieces_into_the_cat() -> None:
     assert estimate(nodes, canons, inductor=True).peak == 2 * G * NBYTES
 
 
+class HandBack(nn.Module):
+    """relu(x[i]) stacked, then handed back through views into a cat (the fused towers' form):
+    Inductor writes the relu through ``flatten(movedim(.))`` straight into the cat's buffer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)  # [G, B, N]
+        return torch.cat([torch.flatten(torch.movedim(y, 0, 1), 1, 2), x[0]], 1)
+
+
+def test_inductor_estimate_writes_through_views_into_the_cat() -> None:
+    ctx = _ctx(HandBack(), (_x(),))
+    nodes, canons = ctx.index.nodes, ctx.index.canons
+    views = {
+        n: n.op in ("call_function", "call_method") and n.name.startswith(("movedim", "flatten", "getitem"))
+        for n in nodes
+    }
+    _, joined = inductor_placement(nodes, lambda n: views.get(n, False))
+    assert [n.name for n in joined] == ["relu"]
+    # eager: x, relu's output and the cat; Inductor: x and the cat ([B, (G + 1) * N])
+    assert estimate(nodes, canons).peak == (G + G + G + 1) * NBYTES
+    assert estimate(nodes, canons, inductor=True).peak == (G + G + 1) * NBYTES
+
+
 def test_the_estimate_models_inductor_only_for_an_inductor_cost_model() -> None:
     gm = fx.symbolic_trace(Joined())
     record(gm, (_x(),))
