@@ -100,7 +100,11 @@ def _within_ceiling(
     judged: within the ceiling, the run is made as it would be without one. Above it, the run
     with every rewrite gated (the ceiling as a budget) is tried the same way; above it still,
     the graph is left as captured (a tiny model, where one stacked group outweighs the whole
-    unfused graph's peak). The trials cost about one more optimize pass (under 2% of a compile)."""
+    unfused graph's peak). A training graph that does not fit whole is left as captured without
+    the gated trial: the estimate is the forward's, and the backward of what the gate keeps
+    still holds stacked activations and the stacked layer norm's transients (towers medium
+    training, gated: +6.2% measured where the estimate saw +0%, at no speedup left). The trials
+    cost about one more optimize pass (under 2% of a compile)."""
     ceiling = config.memory_ceiling
     if ceiling is None:
         return config
@@ -109,12 +113,13 @@ def _within_ceiling(
     budget = ceiling_budget(static_bytes(gm) + config.memory_outside_bytes, captured, ceiling)
     if _trial_peak(gm, ungated, inference) <= budget:
         return ungated
-    if _trial_peak(gm, config, inference) <= budget:
+    if inference and _trial_peak(gm, config, inference) <= budget:
         report.notes.append(
             f"memory_ceiling: every rewrite gated (the whole run lifted the estimated peak past {ceiling:.0%})"
         )
         return config
-    report.notes.append(f"memory_ceiling: unchanged (every run lifted the estimated peak past {ceiling:.0%})")
+    why = "every run" if inference else "the whole run, in training"
+    report.notes.append(f"memory_ceiling: unchanged ({why} lifted the estimated peak past {ceiling:.0%})")
     report.stop_reason = StopReason.unchanged()
     report.nodes_after = report.nodes_before = len(gm.graph.nodes)
     report.live_peak_before = report.live_peak_after = captured

@@ -86,6 +86,14 @@ def _x() -> torch.Tensor:
     return torch.randn(G, B, N, generator=torch.Generator().manual_seed(0))
 
 
+def _optimize_eval(module: nn.Module, inputs: tuple[torch.Tensor, ...], **kw: Any) -> fx.GraphModule:
+    """``optimize_traced`` of the module in eval mode (captured for inference: the gated trial)."""
+    traced = fx.symbolic_trace(module)
+    traced.eval()
+    kw.setdefault("cost_model", LAUNCH_BOUND)
+    return optimus.optimize(traced, inputs, **kw)
+
+
 def _fired(gm: fx.GraphModule, rule: str) -> int:
     report: Any = gm.optimus_report
     return int(report.rules_fired.get(rule, 0))
@@ -158,13 +166,28 @@ def test_ceiling_declines_every_fusion_that_lifts_the_peak() -> None:
     free = optimize_traced(Towers(), inputs)
     assert _fired(free, "batch_unary") == 1
     assert free.optimus_report.live_peak_after > free.optimus_report.live_peak_before
-    gm = optimize_traced(Towers(), inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    gm = _optimize_eval(Towers(), inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
     report = gm.optimus_report
     assert _fired(gm, "batch_unary") == 0
     assert any(n.startswith("memory_ceiling: every rewrite gated") for n in report.notes)
     assert report.declined_reasons.get("batch_unary: over memory_ceiling", 0) >= 1
     assert report.live_peak_after == report.live_peak_before
     assert_parity(Towers(), gm, inputs)
+
+
+def test_a_training_graph_that_does_not_fit_whole_is_left_as_captured() -> None:
+    """In training the gated trial is not made: the forward estimate cannot judge the backward
+    of a partial fusion, so a graph whose whole run does not fit is not rewritten at all."""
+    torch.manual_seed(0)
+    module, inputs = (
+        Both().train(),
+        (_x(), torch.randn(G, 8 * B, N, generator=torch.Generator().manual_seed(1))),
+    )
+    gm = optimize_traced(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    report = gm.optimus_report
+    assert report.rules_fired == {}
+    assert any(n.startswith("memory_ceiling: unchanged (the whole run, in training") for n in report.notes)
+    assert_parity(module, gm, inputs)
 
 
 def test_ceiling_leaves_the_graph_as_captured_when_no_trial_fits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +228,7 @@ def test_ceiling_gates_every_rewrite_when_the_whole_run_does_not_fit() -> None:
     static = static_bytes(fx.symbolic_trace(module))
     budget = ceiling_budget(static, free.optimus_report.live_peak_before, 0.02)
     assert free.optimus_report.live_peak_after > budget
-    gm = optimize_traced(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    gm = _optimize_eval(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
     report = gm.optimus_report
     assert any(n.startswith("memory_ceiling: every rewrite gated") for n in report.notes)
     assert _fired(gm, "batch_linear") == 1  # under the big matmul's peak
