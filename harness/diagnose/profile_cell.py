@@ -109,7 +109,7 @@ def profile_mode(b: Any, mode: str, train: bool, device: str, steps: int, top: i
     module.train(train)
     batches = list(b.batches)
     example = cell.example_inputs(b, batches)
-    prepared = mode_registry.prepare(mode, module.dense, example)
+    prepared = mode_registry.prepare(mode, module.dense, example, beside=module)
     module.dense = prepared.module
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
     step = cell.step_fn(module, batches, optimizer, cell.forward_fn(b, train))

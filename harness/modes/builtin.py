@@ -181,6 +181,7 @@ def peer_run_info() -> dict[str, Any]:
 
 
 _MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
+_OUTSIDE_BYTES: list[int] = [0]  # set by outside_bytes(): the model's memory beside the dense arch
 _COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
 # The Optimus modes' OptimusConfig.guard (optimus.guard) when ``run --optimus-guard`` is not
 # given: eager+optimus measures, compile+optimus does not (each measurement there is a compile)
@@ -272,6 +273,31 @@ def memory_margin(margin: float | None) -> Iterator[None]:
         _MEMORY_MARGIN[0] = None
 
 
+@contextlib.contextmanager
+def outside_bytes(nbytes: int) -> Iterator[None]:
+    """Optimus modes prepared inside this block count ``nbytes`` (the model's parameters and
+    buffers outside the dense arch: its embedding tables) in the whole their memory ceiling is a
+    fraction of (``OptimusConfig.memory_outside_bytes``), as the cell's peak-memory figure does."""
+    _OUTSIDE_BYTES[0] = int(nbytes)
+    try:
+        yield
+    finally:
+        _OUTSIDE_BYTES[0] = 0
+
+
+def bytes_outside(model: Any, dense: Any) -> int:
+    """Bytes of ``model``'s parameters and buffers that ``dense`` does not hold (0 without a model)."""
+    if model is None:
+        return 0
+    from harness.measure.memory import storage_bytes
+
+    inside = {t.untyped_storage().data_ptr() for t in [*dense.parameters(), *dense.buffers()]}
+    rest = [
+        t for t in [*model.parameters(), *model.buffers()] if t.untyped_storage().data_ptr() not in inside
+    ]
+    return storage_bytes(rest)
+
+
 def relaid_groups(gm: Any) -> int:
     """Groups of parameters ``gm`` reads re-laid out in one storage (the rest stack per call)."""
     from optimus.params.relayout import PREFIX
@@ -292,16 +318,26 @@ def _optimize_relayout(
     way ran (``optimus_gradients``) and why. Groups the re-layout declines stack per call.
     """
     optimus = _optimus()
+    from optimus.memory.live import MEMORY_CEILING
     from optimus.params.relayout import RelayoutParams
 
-    layout = RelayoutParams()
+    # gradient buffers kept between steps lift the training peak by their bytes (RelayoutParams)
+    layout = RelayoutParams(keep_gradient_buffers=False)
     if _COST_MODEL[0] == "measured":
         from optimus.cost.measured import MeasuredCostModel
 
         model: Any = MeasuredCostModel(inductor=inductor)
     else:
         model = optimus.AnalyticCostModel(inductor=inductor)
-    config = optimus.OptimusConfig(layout=layout, cost_model=model, guard=guard)
+    # The ceiling keeps the program's estimated peak within 2% of the captured graph's (the
+    # harness's memory target against compile); docs/optimus.md, "Memory is a cost".
+    config = optimus.OptimusConfig(
+        layout=layout,
+        cost_model=model,
+        guard=guard,
+        memory_ceiling=MEMORY_CEILING,
+        memory_outside_bytes=_OUTSIDE_BYTES[0],
+    )
     if inductor and guard != "off":
         config = config.with_(guard_compile=compile_for_guard)
     if _MEMORY_MARGIN[0] is not None:

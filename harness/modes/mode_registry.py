@@ -104,10 +104,13 @@ for _m in (
     register(_m)
 
 
-def prepare(mode: str, dense: Any, example_inputs: Sequence[Any]) -> prep.Prepared:
+def prepare(mode: str, dense: Any, example_inputs: Sequence[Any], beside: Any = None) -> prep.Prepared:
     """Return the module that ``mode`` runs in place of ``dense``.
 
     Compiling is lazy (first call); ``prepare_s`` counts only work done here
-    (``optimus.optimize`` for eager+optimus).
+    (``optimus.optimize`` for eager+optimus). ``beside``: the whole model ``dense`` runs in (its
+    other parameters and buffers, the embedding tables, are part of the memory the Optimus modes'
+    ceiling is a fraction of: ``builtin.outside_bytes``).
     """
-    return get(mode).prepare(dense, example_inputs)
+    with prep.outside_bytes(prep.bytes_outside(beside, dense)):
+        return get(mode).prepare(dense, example_inputs)

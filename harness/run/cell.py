@@ -352,7 +352,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     original = dict(module.named_parameters())
     dense = module.dense  # as built: what the limit's groups are found in (--limit)
     with builtin.memory_margin(cfg.get("memory_margin")), builtin.optimus_guard(cfg.get("optimus_guard")):
-        prepared = mode_registry.prepare(key.mode, dense, example)
+        prepared = mode_registry.prepare(key.mode, dense, example, beside=module)
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
 

@@ -52,7 +52,7 @@ def contender(
     example = cell_mod.example_inputs(b, batches)
     saved_peer = copy.deepcopy(inductor_config.pre_grad_fusion_options)
     try:  # the peer's options are process-global: on only while its graph compiles
-        prepared = mode_registry.prepare(mode, module.dense, example)
+        prepared = mode_registry.prepare(mode, module.dense, example, beside=module)
         module.dense = prepared.module
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01) if train else None
         step = cell_mod.step_fn(module, batches, optimizer, cell_mod.forward_fn(b, train))

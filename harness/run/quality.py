@@ -169,7 +169,9 @@ def run_quality_cell(spec: dict[str, Any], prepare: Prepare | None = None) -> di
     module.train()
     targets = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     example = cellmod.example_inputs(host, list(host.batches))
-    prepared = (prepare or (lambda d, e: mode_registry.prepare(key.mode, d, e)))(module.dense, example)
+    prepared = (prepare or (lambda d, e: mode_registry.prepare(key.mode, d, e, beside=module)))(
+        module.dense, example
+    )
     module.dense = prepared.module
     cell.update({k: v for k, v in prepared.info.items() if v is not None})
     cell["prepare_s"] = prepared.prepare_s

@@ -55,10 +55,15 @@ class RewriteContext:
         self._grad_cut: set[fx.Node] = set()  # values this round's rewrites left no gradient path
 
     @property
+    def for_inductor(self) -> bool:
+        """Does the cost model price for Inductor (then the live estimate models its fusion)?"""
+        return getattr(self.cost_model, "inductor", False) is True
+
+    @property
     def live(self) -> LiveEstimate:
         """Live bytes of the graph as this round found it (``optimus.memory.live``), computed once."""
         if self._live is None:
-            self._live = estimate(self.index.nodes, self.index.canons)
+            self._live = estimate(self.index.nodes, self.index.canons, self.for_inductor)
         return self._live
 
     def decline(self, reason: str) -> None:

@@ -14,7 +14,8 @@ restores the graph exactly as it was before the rewrite (edges and node order).
 
 A rewrite that adds live bytes (``Candidate.live_delta`` > 0) passes ``memory_gate.MemoryGate``
 too: where it lifts the graph's estimated peak it must save more than ``memory_margin`` of its
-own time, and it may never lift the peak above ``memory_budget_bytes``; refusals are counted by
+own time, and it may never lift the peak above ``memory_budget_bytes`` nor past
+``memory_ceiling`` (a fraction of the captured graph's parameters, buffers and peak); refusals are counted by
 reason in ``report.declined_reasons``. ``report.live_peak_before``/``live_peak_after`` hold the
 estimate for the graph as captured and as optimized. While the gate is active, the candidates
 that form a vertical chain (``optimus.engine.vertical``: a fused group and the per-member chain after
@@ -46,6 +47,7 @@ from optimus.engine.param_layout import RuntimeStack
 from optimus.engine.rule import HorizontalRule, Rule
 from optimus.engine.verify import Verifier
 from optimus.engine.vertical import Chain, ProbeLayout, chains
+from optimus.memory.live import ceiling_budget, static_bytes
 from optimus.report import OptimusReport, RoundRecord, StopReason
 from optimus.semantics.graph_index import CycleError, stable_toposort
 from optimus.semantics.regions import describe
@@ -99,6 +101,7 @@ class _Run:
     start: float
     blocked: set[tuple[str, tuple[fx.Node, ...]]] = field(default_factory=set)  # rolled back: never retried
     unchanged_peak: float | None = None  # estimated peak of a round that changed nothing (final graph)
+    ceiling: float | None = None  # live bytes memory_ceiling allows (set in the first round)
 
     def context(self) -> RewriteContext:
         return RewriteContext(self.gm, self.config.cost_model, self.config.layout)
@@ -165,6 +168,9 @@ def _round(state: _Run, iteration: int, record: RoundRecord) -> bool:
     ctx = state.context()
     if iteration == 0:
         report.live_peak_before = ctx.live.peak  # the graph as captured (one O(n) pass)
+        if state.config.memory_ceiling is not None:
+            static = static_bytes(state.gm) + state.config.memory_outside_bytes
+            state.ceiling = ceiling_budget(static, ctx.live.peak, state.config.memory_ceiling)
         for node in ctx.index.regions.unknown:
             report.notes.append(
                 f"unknown context node {describe(node)}: treated as a region boundary, no rewrite crosses it"
@@ -240,7 +246,7 @@ def _apply_candidates(state: _Run, ctx: RewriteContext, candidates: list[Candida
     by_name = {r.name: r for r in state.rules}
     touched: set[fx.Node] = set()
     applied_round: list[Applied] = []
-    memory = MemoryGate(ctx, state.config)
+    memory = MemoryGate(ctx, state.config, state.ceiling)
     fusing = [r.name for r in state.rules if isinstance(r, HorizontalRule)]  # not node-set rules
     linked = chains(candidates, fusing, ctx) if memory.active else {}
     tried: set[int] = set()

@@ -10,7 +10,12 @@ rewrite, so the gate keeps an upper bound: every rewrite taken this round may ha
 bytes anywhere (``added``), and the peak is at most the largest projection taken so far. The
 next round starts again from an exact estimate of the rewritten graph.
 
-With the default settings (``memory_margin`` 0.0, no budget) no rewrite the driver would take
+``memory_ceiling`` (the benchmark's Optimus modes use ``optimus.memory.live.MEMORY_CEILING``) is
+a budget the driver derives once, from the graph as captured (``ceiling``, in live bytes): the program's estimated
+memory (parameters and buffers plus the live peak) may grow by at most that fraction. It is what
+keeps a tiny model's peak where compile's is: there a stacked group of twelve towers holds more
+than the whole unfused graph does at once, and the time it saves does not buy that. With
+``memory_ceiling=None``, ``memory_margin`` 0.0 and no budget, no rewrite the driver would take
 can be refused (it is taken only when it saves time), so the gate is inert and reads no
 estimate: the O(n) estimate is then not paid for every round.
 
@@ -40,13 +45,20 @@ if TYPE_CHECKING:
 class MemoryGate:
     ctx: RewriteContext  # the round's context: its estimate is read only when the gate is active
     config: OptimusConfig
+    ceiling: float | None = None  # live bytes the memory_ceiling allows (the driver derives it)
     added: float = 0.0  # live bytes the rewrites taken this round may have added
     _peak: float | None = None  # bound on the estimated peak after those rewrites (read lazily)
     _est: LiveEstimate | None = None  # an exact estimate adopted mid-round (after a chain)
 
     @property
     def active(self) -> bool:
-        return self.config.memory_margin > 0 or self.config.memory_budget_bytes is not None
+        return self.config.memory_margin > 0 or self.budget is not None
+
+    @property
+    def budget(self) -> float | None:
+        """The lower of ``memory_budget_bytes`` and the ceiling's budget (None: neither)."""
+        limits = [b for b in (self.config.memory_budget_bytes, self.ceiling) if b is not None]
+        return min(limits) if limits else None
 
     @property
     def est(self) -> LiveEstimate:
@@ -64,9 +76,9 @@ class MemoryGate:
         if delta <= 0 or not self.active:
             return None
         projected = max((self.est.at(n) for n in cand.nodes), default=0.0) + self.added + delta
-        budget = self.config.memory_budget_bytes
+        budget = self.budget
         if budget is not None and max(self.peak, projected) > budget:
-            return f"{cand.rule}: over memory_budget_bytes"
+            return f"{cand.rule}: {self._over(max(self.peak, projected))}"
         if projected > self.peak and cand.gain_share <= self.config.memory_margin:
             return f"{cand.rule}: raises peak memory, gain within memory_margin"
         return None
@@ -87,7 +99,7 @@ class MemoryGate:
         stable_toposort(ctx.graph, ctx.index.chained)
         gone = {n for n in ctx.leftovers if not n.users}
         nodes = [n for n in ctx.graph.nodes if n not in gone]
-        return estimate(nodes, {n: ctx.canon(n) for n in nodes})
+        return estimate(nodes, {n: ctx.canon(n) for n in nodes}, ctx.for_inductor)
 
     def chain_refusal(self, name: str, before: float, after: float, gain_share: float) -> str | None:
         """Why a chain that moves the exact estimated peak from ``before`` to ``after`` and saves
@@ -95,12 +107,17 @@ class MemoryGate:
         peak is always taken (as a single rewrite that adds no live bytes would be)."""
         if after <= before:
             return None
-        budget = self.config.memory_budget_bytes
+        budget = self.budget
         if budget is not None and after > budget:
-            return f"{name}: over memory_budget_bytes"
+            return f"{name}: {self._over(after)}"
         if gain_share <= self.config.memory_margin:
             return f"{name}: raises peak memory, gain within memory_margin"
         return None
+
+    def _over(self, peak: float) -> str:
+        """Which limit a peak of ``peak`` live bytes breaks (the budget named first)."""
+        budget = self.config.memory_budget_bytes
+        return "over memory_budget_bytes" if budget is not None and peak > budget else "over memory_ceiling"
 
     def adopt(self, est: LiveEstimate) -> None:
         """Continue from an exact estimate of the graph as it is now (after a chain was taken)."""

@@ -153,6 +153,9 @@ def _upstream_first(
     return order
 
 
+STAND_IN = "optimus_stand_in"  # node.meta key of a ProbeLayout stand-in: how many members it stands for
+
+
 class ProbeLayout:
     """The parameter layout used while a chain is on trial, in place of one that changes the
     module when it lays parameters out (``RelayoutParams`` re-points the parameters into new
@@ -174,7 +177,9 @@ class ProbeLayout:
         self.fallback = RuntimeStack()
 
     def _stand_in(self, params: Sequence[fx.Node], b: Builder, shape: tuple[int, ...]) -> fx.Node:
-        return b.call(torch.as_strided, params[0], shape, (0,) * len(shape))
+        node = b.call(torch.as_strided, params[0], shape, (0,) * len(shape))
+        node.meta[STAND_IN] = len(params)  # the group the real layout would make (its members)
+        return node
 
     def stacked(self, params: Sequence[fx.Node], b: Builder, transpose: bool = False) -> fx.Node:
         meta = b.ctx.meta(params[0])

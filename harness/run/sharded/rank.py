@@ -143,7 +143,7 @@ def _prepare(key: CellKey, module: Any, example: tuple[Any, ...]) -> Any:
     """The mode prepared on the dense arch, under the process group: the re-layout makes its
     members the autograd leaves there, so DMP's dense DDP all-reduces them (the cell's
     ``optimus_gradients`` says so)."""
-    return mode_registry.prepare(key.mode, module.dense, example)
+    return mode_registry.prepare(key.mode, module.dense, example, beside=module)
 
 
 def _shard(spec: dict[str, Any], module: Any, tables: dict[str, Any], device: Any, rank: int,

@@ -109,7 +109,7 @@ def test_the_peer_options_are_restored_after_its_first_call(monkeypatch: pytest.
 
     real = mode_registry.prepare
 
-    def prepare(mode, dense, example):  # type: ignore[no-untyped-def]
+    def prepare(mode, dense, example, beside=None):  # type: ignore[no-untyped-def]
         inductor_config.pre_grad_fusion_options = {"batch_linear": {}}  # what the peer mode does
         return real("eager", dense, example)
 

@@ -1,0 +1,336 @@
+"""The memory ceiling (``OptimusConfig.memory_ceiling``): the live estimate's model of Inductor's
+fusion, the whole run tried first and kept when it fits, every rewrite gated when it does not,
+the graph left as captured when nothing fits, the trial leaving the module alone, forward and
+backward parity of what is kept, and the re-layout's gradient buffers left off."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from optimus_helpers import LAUNCH_BOUND, assert_parity, optimize_traced
+from torch import fx, nn
+
+import optimus
+from optimus.cost.analytic import AnalyticCostModel
+from optimus.engine.context import RewriteContext
+from optimus.memory.live import ceiling_budget, estimate, inductor_placement, static_bytes
+from optimus.params.relayout import RelayoutParams, retained_gradient_buffers
+from optimus.semantics.meta import record
+from optimus.semantics.normalize import lower_modules
+
+B, N, G = 8, 16, 6
+NBYTES = B * N * 4  # one float32 [B, N] tensor
+
+
+def _ctx(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> RewriteContext:
+    gm = fx.symbolic_trace(module)
+    record(gm, inputs)
+    lower_modules(gm)
+    return RewriteContext(gm, LAUNCH_BOUND)
+
+
+class NormBlock(nn.Module):
+    """linear -> layer_norm -> silu -> linear: Inductor computes the norm inside the SiLU kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(N, N), nn.Linear(N, N)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.functional.silu(nn.functional.layer_norm(self.a(x), (N,))))
+
+
+class Joined(nn.Module):
+    """G relus read only by one cat: Inductor writes each into its slice of the cat's buffer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(x[i]) for i in range(G)], 1)
+
+
+class Towers(nn.Module):
+    """G towers relu(x[i]).sum(0), one after another: batching them holds G outputs at once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.relu(x[i]).sum(0) for i in range(G)])
+
+
+class WideEnd(nn.Module):
+    """Towers meeting in a big matmul at the end: the peak is there, a batched group fits under it."""
+
+    def __init__(self, wide: int = 64) -> None:
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(N, N) for _ in range(G))
+        self.big = nn.Linear(G * N, wide * G * N)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [torch.relu(lin(x[i])) for i, lin in enumerate(self.lin)]
+        return self.big(torch.cat(outs, 1)).sum(1)
+
+
+class Both(nn.Module):
+    """WideEnd's group (fits under the big matmul) beside towers on a larger input whose batching
+    lifts the peak (the whole run: 55,296 -> 76,804 estimated bytes, parameters 28,608)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = WideEnd(wide=8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.wide(x).sum() + torch.stack([torch.sigmoid(y[i]).sum(0) for i in range(G)]).sum()
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(G, B, N, generator=torch.Generator().manual_seed(0))
+
+
+def _optimize_eval(module: nn.Module, inputs: tuple[torch.Tensor, ...], **kw: Any) -> fx.GraphModule:
+    """``optimize_traced`` of the module in eval mode (captured for inference: the gated trial)."""
+    traced = fx.symbolic_trace(module)
+    traced.eval()
+    kw.setdefault("cost_model", LAUNCH_BOUND)
+    return optimus.optimize(traced, inputs, **kw)
+
+
+def _fired(gm: fx.GraphModule, rule: str) -> int:
+    report: Any = gm.optimus_report
+    return int(report.rules_fired.get(rule, 0))
+
+
+def test_inductor_estimate_computes_a_norm_inside_its_reader() -> None:
+    ctx = _ctx(NormBlock(), (torch.randn(B, N),))
+    nodes, canons = ctx.index.nodes, ctx.index.canons
+    norm = next(n for n in nodes if "layer_norm" in n.name)
+    fused, joined = inductor_placement(nodes)
+    assert norm in fused and not joined
+    plain, inductor = estimate(nodes, canons), estimate(nodes, canons, inductor=True)
+    # while the norm runs: x, a's output and (eager only) the norm's own output
+    assert plain.at(norm) == 3 * NBYTES
+    assert inductor.at(norm) == 2 * NBYTES
+    # the norm's input lives on until the SiLU that computes the norm has run
+    silu = next(n for n in nodes if "silu" in n.name)
+    assert inductor.at(silu) == 3 * NBYTES  # x, a's output, silu's output
+
+
+def test_inductor_estimate_writes_joined_pieces_into_the_cat() -> None:
+    ctx = _ctx(Joined(), (_x(),))
+    nodes, canons = ctx.index.nodes, ctx.index.canons
+    _, joined = inductor_placement(nodes)
+    assert len(joined) == G
+    # eager: the input, every relu output and the cat at once; Inductor: the input and the cat
+    assert estimate(nodes, canons).peak == 3 * G * NBYTES
+    assert estimate(nodes, canons, inductor=True).peak == 2 * G * NBYTES
+
+
+class HandBack(nn.Module):
+    """relu(x[i]) stacked, then handed back through views into a cat (the fused towers' form):
+    Inductor writes the relu through ``flatten(movedim(.))`` straight into the cat's buffer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)  # [G, B, N]
+        return torch.cat([torch.flatten(torch.movedim(y, 0, 1), 1, 2), x[0]], 1)
+
+
+def test_inductor_estimate_writes_through_views_into_the_cat() -> None:
+    ctx = _ctx(HandBack(), (_x(),))
+    nodes, canons = ctx.index.nodes, ctx.index.canons
+    views = {
+        n: n.op in ("call_function", "call_method") and n.name.startswith(("movedim", "flatten", "getitem"))
+        for n in nodes
+    }
+    _, joined = inductor_placement(nodes, lambda n: views.get(n, False))
+    assert [n.name for n in joined] == ["relu"]
+    # eager: x, relu's output and the cat; Inductor: x and the cat ([B, (G + 1) * N])
+    assert estimate(nodes, canons).peak == (G + G + G + 1) * NBYTES
+    assert estimate(nodes, canons, inductor=True).peak == (G + G + 1) * NBYTES
+
+
+def test_the_estimate_models_inductor_only_for_an_inductor_cost_model() -> None:
+    gm = fx.symbolic_trace(Joined())
+    record(gm, (_x(),))
+    assert RewriteContext(gm, LAUNCH_BOUND).live.peak == 3 * G * NBYTES
+    assert RewriteContext(gm, AnalyticCostModel(inductor=True)).live.peak == 2 * G * NBYTES
+
+
+def test_ceiling_budget_is_a_fraction_of_the_whole_program() -> None:
+    assert ceiling_budget(static=1000.0, peak=1000.0, ceiling=0.02) == pytest.approx(1040.0)
+    assert ceiling_budget(static=0.0, peak=1000.0, ceiling=0.0) == 1000.0
+    lin = fx.symbolic_trace(nn.Linear(N, N))
+    assert static_bytes(lin) == (N * N + N) * 4
+
+
+def test_ceiling_declines_every_fusion_that_lifts_the_peak() -> None:
+    inputs = (_x(),)
+    free = optimize_traced(Towers(), inputs)
+    assert _fired(free, "batch_unary") == 1
+    assert free.optimus_report.live_peak_after > free.optimus_report.live_peak_before
+    gm = _optimize_eval(Towers(), inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    report: Any = gm.optimus_report
+    assert _fired(gm, "batch_unary") == 0
+    assert any(n.startswith("memory_ceiling: every rewrite gated") for n in report.notes)
+    assert report.declined_reasons.get("batch_unary: over memory_ceiling", 0) >= 1
+    assert report.live_peak_after == report.live_peak_before
+    assert_parity(Towers(), gm, inputs)
+
+
+def test_a_training_graph_runs_as_without_the_ceiling() -> None:
+    """The estimate is the forward's and a training step's peak is in its backward: a graph
+    captured in training mode is optimized as without a ceiling (same rules, same graph)."""
+    torch.manual_seed(0)
+    module = Both().train()
+    inputs = (_x(), torch.randn(G, 8 * B, N, generator=torch.Generator().manual_seed(1)))
+    free = optimize_traced(module, inputs)
+    gm = optimize_traced(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    report: Any = gm.optimus_report
+    assert report.rules_fired == free.optimus_report.rules_fired
+    assert _fired(gm, "batch_unary") == 2
+    assert gm.code == free.code
+    assert not any("memory_ceiling" in n for n in report.notes)
+    assert_parity(module, gm, inputs)
+
+
+def test_ceiling_leaves_the_graph_as_captured_when_no_trial_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where even the gated trial's estimate breaks the ceiling (the gate's per-rewrite view can
+    miss what a whole graph holds), nothing is rewritten."""
+    from optimus import api
+
+    monkeypatch.setattr(api, "_trial_peak", lambda gm, config, inference: math.inf)
+    torch.manual_seed(0)
+    module, inputs = WideEnd(), (_x(),)
+    gm = _optimize_eval(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    report: Any = gm.optimus_report
+    assert report.rules_fired == {}
+    assert any(n.startswith("memory_ceiling: unchanged") for n in report.notes)
+    assert str(report.stop_reason) == "unchanged"
+    assert_parity(module, gm, inputs)
+
+
+def test_ceiling_keeps_the_whole_run_where_it_fits() -> None:
+    """Must not decline: the group fits under the big matmul's peak, so the run with the ceiling
+    is the run without it (same rules, same graph), and it keeps results."""
+    torch.manual_seed(0)
+    module, inputs = WideEnd(), (_x(),)
+    free = _optimize_eval(module, inputs)
+    gm = _optimize_eval(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    assert _fired(gm, "batch_linear") == 1
+    assert gm.optimus_report.rules_fired == free.optimus_report.rules_fired  # type: ignore[union-attr]
+    assert gm.code == free.code
+    assert not any("memory_ceiling" in n for n in gm.optimus_report.notes)  # type: ignore[union-attr]
+    assert_parity(module, gm, inputs)
+
+
+def test_ceiling_gates_every_rewrite_when_the_whole_run_does_not_fit() -> None:
+    torch.manual_seed(0)
+    module, inputs = Both(), (_x(), torch.randn(G, 8 * B, N, generator=torch.Generator().manual_seed(1)))
+    free = optimize_traced(module, inputs)
+    assert _fired(free, "batch_linear") == 1 and _fired(free, "batch_unary") == 2  # relus, sigmoids
+    static = static_bytes(fx.symbolic_trace(module))
+    budget = ceiling_budget(static, free.optimus_report.live_peak_before, 0.02)
+    assert free.optimus_report.live_peak_after > budget
+    gm = _optimize_eval(module, inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    report: Any = gm.optimus_report
+    assert any(n.startswith("memory_ceiling: every rewrite gated") for n in report.notes)
+    assert _fired(gm, "batch_linear") == 1  # under the big matmul's peak
+    assert _fired(gm, "batch_unary") == 1  # the relus after it; the sigmoid towers would lift it
+    sigmoids = [n for n in gm.graph.nodes if n.target is torch.sigmoid]
+    assert len(sigmoids) == G  # one per tower, not one stacked
+    assert report.declined_reasons.get("batch_unary: over memory_ceiling", 0) >= 1
+    assert report.live_peak_after <= budget
+    assert_parity(module, gm, inputs)
+
+
+def test_a_declined_trial_leaves_re_laid_out_parameters_alone() -> None:
+    """The trial runs with a stand-in layout: where the ceiling leaves the graph unchanged, no
+    parameter was re-pointed into stacked storage and no stacked parameter was registered."""
+
+    class TinyTowers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.ModuleList(nn.Linear(N, N) for _ in range(G))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([torch.relu(lin(x[i])).sum(0) for i, lin in enumerate(self.lin)])
+
+    torch.manual_seed(0)
+    module, inputs = TinyTowers(), (torch.randn(G, 64, N),)
+    ptrs = [p.data_ptr() for p in module.parameters()]
+    config = optimus.OptimusConfig(layout=RelayoutParams(), memory_ceiling=0.0)
+    gm = _optimize_eval(module, inputs, config=config)
+    assert any(n.startswith("memory_ceiling") for n in gm.optimus_report.notes)  # type: ignore[union-attr]
+    assert [p.data_ptr() for p in module.parameters()] == ptrs
+    assert not any("_optimus_stacked" in name for name, _ in gm.named_parameters())
+    assert_parity(module, gm, inputs)
+
+
+def test_memory_beside_the_graph_widens_the_ceiling() -> None:
+    """The ceiling is a fraction of the whole program: with the bytes a dense arch runs beside
+    (its embedding tables) counted, a fusion the graph alone could not afford fits."""
+    inputs = (_x(),)
+    alone = _optimize_eval(Towers(), inputs, config=optimus.OptimusConfig(memory_ceiling=0.02))
+    assert _fired(alone, "batch_unary") == 0
+    peak = alone.optimus_report.live_peak_before  # type: ignore[union-attr]
+    lifted = optimize_traced(Towers(), inputs).optimus_report.live_peak_after
+    outside = int((lifted - peak) / 0.02)  # 2% of it pays for the fused form
+    config = optimus.OptimusConfig(memory_ceiling=0.02, memory_outside_bytes=outside)
+    beside = _optimize_eval(Towers(), inputs, config=config)
+    assert _fired(beside, "batch_unary") == 1
+    assert not any("memory_ceiling" in n for n in beside.optimus_report.notes)  # type: ignore[union-attr]
+    assert_parity(Towers(), beside, inputs)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_config_rejects_bad_memory_outside_bytes(value: object) -> None:
+    with pytest.raises(ValueError, match="memory_outside_bytes"):
+        optimus.OptimusConfig(memory_outside_bytes=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, True, "0.02"])
+def test_config_rejects_bad_memory_ceiling(value: object) -> None:
+    with pytest.raises(ValueError, match="memory_ceiling"):
+        optimus.OptimusConfig(memory_ceiling=value)  # type: ignore[arg-type]
+
+
+def test_memory_ceiling_reaches_the_fingerprint() -> None:
+    base = optimus.OptimusConfig()
+    assert base.memory_ceiling is None
+    assert base.fingerprint() != base.with_(memory_ceiling=0.02).fingerprint()
+    assert base.fingerprint() != base.with_(memory_outside_bytes=1).fingerprint()
+
+
+class Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.ModuleList(nn.Linear(N, N) for _ in range(G))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(lin(x[i])) for i, lin in enumerate(self.lin)], 1)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_relayout_keeps_gradient_buffers_only_when_asked(keep: bool) -> None:
+    torch.manual_seed(0)
+    module, inputs = Layers(), (_x(),)
+    reference = Layers()
+    reference.load_state_dict(module.state_dict())
+    config = optimus.OptimusConfig(layout=RelayoutParams(keep_gradient_buffers=keep))
+    gm = optimize_traced(module, inputs, config=config)
+    assert _fired(gm, "batch_linear") == 1
+    weights = torch.randn(B, G * N, generator=torch.Generator().manual_seed(2))
+    for _ in range(2):  # a second step reuses (or not) the first one's buffer
+        for m in (module, reference):
+            m.zero_grad(set_to_none=True)
+        out, ref = gm(*inputs), reference(*inputs)
+        torch.testing.assert_close(out, ref)
+        (out * weights).sum().backward()
+        (ref * weights).sum().backward()
+        for p, q in zip(module.parameters(), reference.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad)
+    assert bool(retained_gradient_buffers(gm)) is keep
+
+
+def test_relayout_rejects_a_non_bool_keep_gradient_buffers() -> None:
+    with pytest.raises(ValueError, match="keep_gradient_buffers"):
+        RelayoutParams(keep_gradient_buffers=1)  # type: ignore[arg-type]
