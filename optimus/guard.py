@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_unflatten
 
 from optimus.capture import caller_state
 from optimus.config import OptimusConfig
@@ -103,29 +103,46 @@ def _no_sync() -> None:
     return None
 
 
+def call_args(gm: fx.GraphModule, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` to call ``gm`` with, from ``inputs``, one per placeholder. Why: an
+    exported graph's ``forward`` takes the traced module's own arguments (a dict of features, a
+    KeyedJaggedTensor) and flattens them (``_PyTreeCodeGen``), while the driver's example inputs
+    are the flat placeholders; the structure is rebuilt from the graph's input spec."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None or info.in_spec is None:
+        return tuple(inputs), {}
+    args, kwargs = tree_unflatten(list(inputs), info.in_spec)
+    return tuple(args), dict(kwargs)
+
+
 def _step(
     gm: fx.GraphModule, inputs: Sequence[Any], backward: bool, run: Callable[..., Any] | None = None
 ) -> Callable[[], object]:
     """One call of ``gm`` (through ``run``, its compiled form, when given) on its own copy of
-    ``inputs``: the forward under ``no_grad``, or forward and backward of the sum of its float
-    outputs that require grad, gradients set to None first."""
-    args = caller_state.clone_inputs(tuple(inputs))
+    ``inputs`` (the placeholders, see :func:`call_args`): the forward under ``no_grad``, or
+    forward and backward of the sum of its float outputs that require grad, gradients set to
+    None first."""
+    args, kwargs = call_args(gm, caller_state.clone_inputs(tuple(inputs)))
     call = gm if run is None else run
     if not backward:
 
         def forward() -> object:
             with torch.no_grad():
-                return call(*args)
+                return call(*args, **kwargs)
 
         return forward
     leaves: list[torch.Tensor] = [p for p in gm.parameters() if p.requires_grad]  # each once
-    leaves += [a for a in tree_leaves(args) if isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf]
+    leaves += [
+        a
+        for a in tree_leaves((args, kwargs))
+        if isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf
+    ]
 
     def train() -> object:
         for leaf in leaves:
             leaf.grad = None
         with torch.enable_grad():
-            out = call(*args)
+            out = call(*args, **kwargs)
             loss = _loss(out)
             if loss is not None:
                 loss.backward()
@@ -148,8 +165,9 @@ def trains(gm: fx.GraphModule, inputs: Sequence[Any], inference: bool) -> bool:
     requires grad (one forward, under grad mode, on copies of the inputs)."""
     if inference:
         return False
+    args, kwargs = call_args(gm, caller_state.clone_inputs(tuple(inputs)))
     with torch.enable_grad():
-        out = gm(*caller_state.clone_inputs(tuple(inputs)))
+        out = gm(*args, **kwargs)
     return _loss(out) is not None
 
 

@@ -1,7 +1,7 @@
 """The rules' own gain on models this repository did not write (``models.outside``).
 
     python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
-        [--zoos rechub,...]
+        [--zoos rechub,...] [--guard off|graph|rules]
     python -m harness.diagnose.outside_gain --from-json RUN.json [RUN2.json ...]
 
 WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
@@ -17,6 +17,12 @@ gain forward and forward+backward and the lowest row, against the corpus targets
 median can hide a zoo the rules do not fit. The second counts, per rule, the models of each zoo it
 fired on: a rule that helps one zoo and not the others is fitted to a way of writing a model. The
 third puts each zoo's implementation of one architecture side by side.
+
+``--guard graph|rules`` runs the measured guard (``OptimusConfig.guard``, :mod:`optimus.guard`) on
+the Optimus side, in the parity step and for each phase's contender: the figure is then that of
+what ``optimize`` keeps, and each phase records the guard's verdict. Off by default: the report
+is the rules' own gain, comparable with the earlier runs; a guarded run says so in its header
+and JSON (``"guard"``), and ``--from-json`` will not join it to a run measured otherwise.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from optimus.params.relayout import RelayoutParams
 from optimus.report import OptimusReport
 
 SCHEMA = "optimus-bench/outside-gain/1"
+GUARDS = ("off", "graph", "rules")  # OptimusConfig.guard
 RTOL, ATOL = 1e-4, 1e-5
 WHOLE_GRAPH = ("export", "graph")
 # On the per-call Dynamo path the two contenders' forwards are one code object to Dynamo: they
@@ -73,11 +80,21 @@ def _same_grad(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return torch.allclose(b, a, rtol=RTOL, atol=ATOL)
 
 
-def parity(name: str, seed: int = 0) -> dict[str, Any]:
+def optimus_config(guard: str = "off") -> OptimusConfig:
+    """The Optimus side's config: the re-layout, and the measured guard ``guard``."""
+    return OptimusConfig(layout=RelayoutParams(), guard=guard)
+
+
+def guard_of(doc: dict[str, Any]) -> str:
+    """The guard a run was measured with (a run from before the option was unguarded)."""
+    return str(doc.get("guard", "off"))
+
+
+def parity(name: str, seed: int = 0, guard: str = "off") -> dict[str, Any]:
     """Eager against ``optimize(relayout)`` on one train step: outputs, gradients, buffers."""
     model, inputs = outside.build(name, seed)
     ref = copy.deepcopy(model)
-    gm = optimus.optimize(model, inputs, config=OptimusConfig(layout=RelayoutParams()))
+    gm = optimus.optimize(model, inputs, config=optimus_config(guard))
     want, got = _step(ref, ref, inputs), _step(model, gm, inputs)
     wants = want if isinstance(want, (list, tuple)) else (want,)
     gots = got if isinstance(got, (list, tuple)) else (got,)
@@ -98,6 +115,8 @@ def parity(name: str, seed: int = 0) -> dict[str, Any]:
         "declined_reasons": dict(report.declined_reasons),
         "capture": report.capture,
         "capture_reason": report.capture_reason,
+        "guard": report.guard,
+        "guard_rejected": dict(report.guard_rejected),
     }
 
 
@@ -116,18 +135,25 @@ def _contender(
     return timing.Contender(label, step, 0.0, None)
 
 
-def gain(name: str, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
-    """Median per-round speedup (and its bootstrap interval) of the rules over plain capture."""
+def gain(name: str, rounds: int, steps: int, seed: int = 0, guard: str = "off") -> dict[str, Any]:
+    """Median per-round speedup (and its bootstrap interval) of the rules over plain capture;
+    with ``guard`` on, of what the guarded ``optimize`` kept (its verdict is the phase's
+    ``guard``). The plain capture side is never guarded: it rewrites nothing."""
     out: dict[str, Any] = {}
     for phase, train in (("forward", False), ("forward+backward", True)):
         contenders = []
-        for label, rules in (("capture", []), ("rules", None)):
+        verdict = ""
+        for label, rules, config in (
+            ("capture", [], optimus_config()),
+            ("rules", None, optimus_config(guard)),
+        ):
             model, inputs = outside.build(name, seed)
             model.train(train)
-            gm = optimus.optimize(model, inputs, rules=rules, config=OptimusConfig(layout=RelayoutParams()))
-            capture = gm.optimus_report.capture  # type: ignore[union-attr]
-            if capture not in WHOLE_GRAPH:
-                return {"skipped": f"capture {capture!r}: {SKIP_WHY}"}
+            gm = optimus.optimize(model, inputs, rules=rules, config=config)
+            report: OptimusReport = gm.optimus_report  # type: ignore[assignment]
+            if report.capture not in WHOLE_GRAPH:
+                return {"skipped": f"capture {report.capture!r}: {SKIP_WHY}"}
+            verdict = report.guard
             contenders.append(_contender(label, model, gm, inputs, train))
         samples = timing.interleave(contenders, rounds=rounds, steps=steps, warmup=3)
         summary = interleaved.summarize(samples, "capture")
@@ -137,15 +163,17 @@ def gain(name: str, rounds: int, steps: int, seed: int = 0) -> dict[str, Any]:
             "capture_ms": summary["capture"]["median_ms"],
             "rules_ms": summary["rules"]["median_ms"],
         }
+        if guard != "off":
+            out[phase]["guard"] = verdict
     return out
 
 
-def measure(names: Sequence[str], rounds: int, steps: int) -> dict[str, Any]:
+def measure(names: Sequence[str], rounds: int, steps: int, guard: str = "off") -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
         try:
-            rows[name] = {"parity": parity(name), "gain": gain(name, rounds, steps)}
+            rows[name] = {"parity": parity(name, guard=guard), "gain": gain(name, rounds, steps, guard=guard)}
         except Exception as exc:  # one model's failure is its row; the others still run
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
             traceback.print_exc(limit=2)
@@ -155,6 +183,7 @@ def measure(names: Sequence[str], rounds: int, steps: int) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "rounds": rounds,
         "steps": steps,
+        "guard": guard,
         "models": rows,
     }
     return {**doc, "zoos": per_zoo(doc), "rules_by_zoo": rules_by_zoo(doc)}
@@ -273,7 +302,18 @@ def architecture_markdown(doc: dict[str, Any]) -> list[str]:
 
 def _fmt_gain(g: dict[str, Any]) -> str:
     lo, hi = g["ci95"]
-    return f"{g['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"
+    verdict = f", guard {g['guard']}" if "guard" in g else ""
+    return f"{g['speedup']:.2f}x ({lo:.2f}-{hi:.2f}{verdict})"
+
+
+def _guard_header(doc: dict[str, Any]) -> str:
+    guard = guard_of(doc)
+    if guard == "off":
+        return "Guard: off (the rules' own gain; `--guard graph|rules` measures what the guarded optimize keeps)."
+    return (
+        f"Guard: {guard} (OptimusConfig(guard={guard!r}) on the Optimus side: the figures are those of"
+        " what the guarded optimize kept; each phase's cell gives the guard's verdict)."
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -284,6 +324,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f" against optimize(rules=[]) (the same capture); medians of {doc['rounds']} interleaved rounds of"
         f" {doc['steps']} steps, bootstrap 95% interval. Parity: one train step against eager"
         " (outputs, every gradient, every buffer).",
+        "",
+        _guard_header(doc),
         "",
         f"n/a: {SKIP_WHY}.",
         "",
@@ -337,9 +379,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared machine)"
     )
+    parser.add_argument(
+        "--guard",
+        choices=GUARDS,
+        default="off",
+        help="OptimusConfig.guard on the Optimus side (default off: the rules' own gain)",
+    )
 
 
-MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps")
+MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps", "guard")
+
+
+def _key(doc: dict[str, Any], key: str) -> Any:
+    return guard_of(doc) if key == "guard" else doc[key]
 
 
 def _from_json(paths: Sequence[Path]) -> int:
@@ -357,9 +409,9 @@ def _from_json(paths: Sequence[Path]) -> int:
             return 2
         docs.append(doc)
     first = docs[0]
-    merged = {k: first[k] for k in ("schema", *MEASUREMENT_KEYS)} | {"models": {}}
+    merged = {k: _key(first, k) for k in ("schema", *MEASUREMENT_KEYS)} | {"models": {}}
     for path, doc in zip(paths, docs, strict=True):
-        differs = [k for k in MEASUREMENT_KEYS if doc[k] != first[k]]
+        differs = [k for k in MEASUREMENT_KEYS if _key(doc, k) != _key(first, k)]
         both = sorted(set(doc["models"]) & set(merged["models"]))
         if differs or both:
             why = f"measured with another {', '.join(differs)}" if differs else f"{both[0]} is in two runs"
@@ -400,7 +452,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         print("outside_gain: --rounds and --steps must be >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    doc = measure(names, args.rounds, args.steps)
+    doc = measure(names, args.rounds, args.steps, args.guard)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out_dir / "outside-gain.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
     write_atomic(args.out_dir / "outside-gain.md", markdown(doc))

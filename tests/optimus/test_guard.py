@@ -30,6 +30,7 @@ import optimus
 from optimus.guard import EXTENSIONS, paired_speedup
 from optimus.params.group import GROUP_ATTR
 from optimus.params.relayout import PREFIX, RelayoutParams
+from optimus.report import OptimusReport
 
 
 class TanhTowers(nn.Module):
@@ -359,3 +360,47 @@ def test_guard_compile_times_both_graphs_as_they_will_run() -> None:
     assert {id(g) for g in ran} == {id(g) for g in compiled}  # every timed call went through them
     with pytest.raises(ValueError, match="guard_compile"):
         optimus.OptimusConfig(guard_compile="inductor")  # type: ignore[arg-type]
+
+
+class DictTowers(nn.Module):
+    """ModeTowers over a dict of features, as torch-rechub's models take them: the exported
+    graph's ``forward`` takes the dict and flattens it (pytree code), while the guard is given
+    the flat placeholders."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = ModeTowers()
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.towers(torch.cat([features["a"], features["b"]], dim=1))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize(("measure", "verdict"), [(FASTER, "kept"), (SLOWER, "rejected")])
+def test_a_graph_taking_a_dict_is_measured_with_the_dict(
+    mode: str, measure: Callable[[fx.GraphModule, Any, int], float], verdict: str
+) -> None:
+    torch.manual_seed(0)
+    model = getattr(DictTowers(), mode)()
+    features = {"a": torch.randn(8, 128), "b": torch.randn(8, 128)}
+    before = {k: v.clone() for k, v in features.items()}
+    state_before = state_of(model)
+    rng_before = torch.get_rng_state()
+    gm = optimus.optimize(
+        model, (features,), config=CONFIGS["relayout"].with_(guard="graph", guard_measure=measure)
+    )
+    report: OptimusReport = gm.optimus_report  # type: ignore[assignment]
+    assert report.capture == "export"
+    assert report.guard == verdict  # not "failed (TypeError)": the graph ran on the dict
+    assert [t.speedup for t in report.guard_trials] == [2.0 if verdict == "kept" else 0.5]
+    assert batched(gm) == (verdict == "kept")
+    assert_same_state(state_before, state_of(model))
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert all(torch.equal(features[k], before[k]) for k in features)
+    torch.testing.assert_close(seeded(gm, features), seeded(model, features), rtol=1e-5, atol=1e-6)
+    eager = backward_grads(model, lambda v: seeded(model, v), features)
+    mine = backward_grads(model, lambda v: seeded(gm, v), features)
+    for a, b in zip(eager, mine, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

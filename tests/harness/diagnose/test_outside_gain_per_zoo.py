@@ -1,16 +1,22 @@
 """The outside-gain report's per-zoo figures and its rules x zoos table, from a run's JSON
-(no model is built or timed here): medians per zoo and pooled, the lowest row, the targets,
-the rows without a figure, and ``--from-json``."""
+(no corpus model is built or timed here): medians per zoo and pooled, the lowest row, the
+targets, the rows without a figure, and ``--from-json``; and ``--guard``, on a stand-in corpus
+of one small model whose guard is given a fake measure (its verdict is fixed, not timed)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import optimus
 from harness.diagnose import outside_gain
+from optimus.config import OptimusConfig
+from optimus.params.relayout import RelayoutParams
 
 
 def _row(fwd: float, bwd: float, rules: dict[str, int]) -> dict[str, Any]:
@@ -150,3 +156,104 @@ def test_one_architecture_is_shown_side_by_side_in_each_zoo() -> None:
     )
     assert not any(line.startswith("| DCN |") for line in lines)
     assert outside_gain.architecture_markdown(_doc()) == []  # no real corpus name: no table
+
+
+class _Towers(torch.nn.Module):
+    """Four small towers on one input: the rules rewrite them (they merge the Linears)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = torch.nn.ModuleList(torch.nn.Linear(8, 4) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t(x).relu() for t in self.towers], dim=1)
+
+
+def _towers(seed: int) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    torch.manual_seed(seed)
+    return _Towers().train(), (torch.randn(16, 8),)
+
+
+def _slower_rewrite() -> Callable[[torch.fx.GraphModule, Callable[[], object], int], float]:
+    """A ``guard_measure`` that runs nothing and prices the rewritten graph at twice the plain
+    capture: the guard measures the plain graph first (``optimus.guard.paired_speedup``)."""
+    plain: list[int] = []
+
+    def measure(gm: torch.fx.GraphModule, step: Callable[[], object], calls: int) -> float:
+        plain[:] = plain or [id(gm)]
+        return calls * (1.0 if id(gm) == plain[0] else 2.0)
+
+    return measure
+
+
+@pytest.fixture
+def towers_corpus(monkeypatch: pytest.MonkeyPatch) -> list[OptimusConfig]:
+    """The corpus as one model, ``rechub.Towers``; every config ``optimize`` is given is
+    recorded, and a guarded one gets :func:`_slower_rewrite` as its ``guard_measure``."""
+    monkeypatch.setattr(outside_gain.outside, "catalog", lambda: {"rechub.Towers": _towers})
+    configs: list[OptimusConfig] = []
+    real = optimus.optimize
+
+    def optimize(model: torch.nn.Module, inputs: Any, rules: Any = None, *, config: OptimusConfig) -> Any:
+        configs.append(config)
+        if config.guard != "off":
+            config = config.with_(guard_measure=_slower_rewrite())
+        return real(model, inputs, rules=rules, config=config)
+
+    monkeypatch.setattr(outside_gain.optimus, "optimize", optimize)
+    return configs
+
+
+def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    args = ["--out-dir", str(tmp_path), "--models", "rechub.Towers", "--rounds", "1", "--steps", "1"]
+    assert outside_gain.main([*args, *extra]) == 0
+    return dict(json.loads((tmp_path / "outside-gain.json").read_text()))
+
+
+def test_the_guard_option_reaches_the_optimus_side_and_the_run_records_it(
+    tmp_path: Path, towers_corpus: list[OptimusConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _run(tmp_path, "--guard", "rules")
+    # parity, then per phase: plain capture (never guarded, it rewrites nothing), the Optimus side
+    assert [c.guard for c in towers_corpus] == ["rules", "off", "rules", "off", "rules"]
+    assert all(isinstance(c.layout, RelayoutParams) for c in towers_corpus)
+    assert doc["guard"] == "rules"
+    row = doc["models"]["rechub.Towers"]
+    # the fake measure makes every rewrite slower: the guard returns the plain capture
+    assert row["parity"]["guard"] == "rejected" and row["parity"]["rules_fired"] == {}
+    assert set(row["parity"]["guard_rejected"]) - {"dce"}  # a rewrite rule fired and was taken out
+    assert [row["gain"][ph]["guard"] for ph in ("forward", "forward+backward")] == ["rejected"] * 2
+    out = capsys.readouterr().out
+    assert "Guard: rules (OptimusConfig(guard='rules')" in out and ", guard rejected)" in out
+    # the saved run prints the same, guard included
+    assert outside_gain.main(["--from-json", str(tmp_path / "outside-gain.json")]) == 0
+    assert capsys.readouterr().out.strip() == out.strip()
+
+
+def test_without_the_option_the_run_is_unguarded(
+    tmp_path: Path, towers_corpus: list[OptimusConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _run(tmp_path)
+    assert [c.guard for c in towers_corpus] == ["off"] * 5
+    assert doc["guard"] == "off"
+    row = doc["models"]["rechub.Towers"]
+    assert set(row["parity"]["rules_fired"]) - {"dce"} and row["parity"]["guard"] == "off"
+    assert all("guard" not in row["gain"][ph] for ph in ("forward", "forward+backward"))
+    assert "Guard: off" in capsys.readouterr().out
+
+
+def test_a_run_from_before_the_option_reads_as_unguarded_and_joins_no_guarded_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _doc()  # no "guard" key, as runs before the option
+    assert outside_gain.guard_of(doc) == "off" and "Guard: off" in outside_gain.markdown(doc)
+    old, guarded = tmp_path / "old.json", tmp_path / "guarded.json"
+    old.write_text(json.dumps({**doc, "models": {"deepctr.A": doc["models"]["deepctr.A"]}}))
+    guarded.write_text(
+        json.dumps({**doc, "guard": "rules", "models": {"rechub.A": doc["models"]["rechub.A"]}})
+    )
+    assert outside_gain.main(["--from-json", str(old), str(guarded)]) == 2
+    assert "measured with another guard" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        outside_gain.main(["--guard", "sometimes", "--from-json", str(old)])
+    assert exit_.value.code == 2 and "--guard: invalid choice: 'sometimes'" in capsys.readouterr().err
