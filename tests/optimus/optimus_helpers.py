@@ -78,18 +78,26 @@ def Fn(fn: Any, **params: torch.Tensor) -> nn.Module:
     return (_Fn1 if arity == 1 else _Fn2)(fn, **params)
 
 
-def rule_keys(module: nn.Module, inputs: Sequence[torch.Tensor], rule_name: str) -> list[Any]:
-    """The horizontal-group key ``rule_name`` gives each node of the traced module (None: declined).
-    Nodes with different keys can never be fused together, whatever the cost model says."""
+def traced_context(module: nn.Module, inputs: Sequence[torch.Tensor]) -> Any:
+    """A ``RewriteContext`` over ``module`` traced, its values recorded from ``inputs`` and its
+    modules lowered, priced launch-bound: what a rule or the live estimate sees of it."""
     from optimus.engine.context import RewriteContext
-    from optimus.rules import REGISTRY
     from optimus.semantics.meta import record
     from optimus.semantics.normalize import lower_modules
 
     gm = fx.symbolic_trace(module)
     record(gm, tuple(inputs))
     lower_modules(gm)
-    ctx = RewriteContext(gm, LAUNCH_BOUND)
+    return RewriteContext(gm, LAUNCH_BOUND)
+
+
+def rule_keys(module: nn.Module, inputs: Sequence[torch.Tensor], rule_name: str) -> list[Any]:
+    """The horizontal-group key ``rule_name`` gives each node of the traced module (None: declined).
+    Nodes with different keys can never be fused together, whatever the cost model says."""
+    from optimus.rules import REGISTRY
+
+    ctx = traced_context(module, inputs)
+    gm = ctx.gm
     rule = REGISTRY[rule_name]()
     return [
         rule.key(n, ctx)

@@ -9,18 +9,13 @@ different parameters to reduce (or hang it); the guard takes the first rank's fi
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import fx, nn
-from two_ranks import spawn_two
+from two_ranks import gloo_rank, spawn_two
 
 import optimus
 from optimus.params.relayout import PREFIX, RelayoutParams
@@ -41,10 +36,7 @@ class LinearTowers(nn.Module):
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    record: dict[str, Any] = {}
-    try:
+    with gloo_rank(rank, port, out) as record:
         torch.set_num_threads(1)
         torch.manual_seed(0)
         model = LinearTowers()
@@ -74,11 +66,6 @@ def _rank(rank: int, port: int, out: str) -> None:
             (again,) = gm.optimus_specializations.values()
             record["again"] = again.optimus_report.guard
         dist.barrier()
-    except Exception as exc:  # the parent reads the failure; the peer is not left waiting
-        record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        record["trace"] = traceback.format_exc()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
 
 
 def test_ranks_keep_the_first_ranks_verdict(tmp_path: Path) -> None:

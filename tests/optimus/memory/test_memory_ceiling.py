@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from optimus_helpers import LAUNCH_BOUND, assert_parity, optimize_traced
+from optimus_helpers import LAUNCH_BOUND, assert_parity, optimize_traced, traced_context
 from torch import fx, nn
 
 import optimus
@@ -19,17 +19,9 @@ from optimus.engine.context import RewriteContext
 from optimus.memory.live import ceiling_budget, estimate, inductor_placement, static_bytes
 from optimus.params.relayout import RelayoutParams, retained_gradient_buffers
 from optimus.semantics.meta import record
-from optimus.semantics.normalize import lower_modules
 
 B, N, G = 8, 16, 6
 NBYTES = B * N * 4  # one float32 [B, N] tensor
-
-
-def _ctx(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> RewriteContext:
-    gm = fx.symbolic_trace(module)
-    record(gm, inputs)
-    lower_modules(gm)
-    return RewriteContext(gm, LAUNCH_BOUND)
 
 
 class NormBlock(nn.Module):
@@ -100,7 +92,7 @@ def _fired(gm: fx.GraphModule, rule: str) -> int:
 
 
 def test_inductor_estimate_computes_a_norm_inside_its_reader() -> None:
-    ctx = _ctx(NormBlock(), (torch.randn(B, N),))
+    ctx = traced_context(NormBlock(), (torch.randn(B, N),))
     nodes, canons = ctx.index.nodes, ctx.index.canons
     norm = next(n for n in nodes if "layer_norm" in n.name)
     fused, joined = inductor_placement(nodes)
@@ -115,7 +107,7 @@ def test_inductor_estimate_computes_a_norm_inside_its_reader() -> None:
 
 
 def test_inductor_estimate_writes_joined_pieces_into_the_cat() -> None:
-    ctx = _ctx(Joined(), (_x(),))
+    ctx = traced_context(Joined(), (_x(),))
     nodes, canons = ctx.index.nodes, ctx.index.canons
     _, joined = inductor_placement(nodes)
     assert len(joined) == G
@@ -134,7 +126,7 @@ class HandBack(nn.Module):
 
 
 def test_inductor_estimate_writes_through_views_into_the_cat() -> None:
-    ctx = _ctx(HandBack(), (_x(),))
+    ctx = traced_context(HandBack(), (_x(),))
     nodes, canons = ctx.index.nodes, ctx.index.canons
     views = {
         n: n.op in ("call_function", "call_method") and n.name.startswith(("movedim", "flatten", "getitem"))

@@ -8,27 +8,17 @@ import math
 
 import pytest
 import torch
-from optimus_helpers import LAUNCH_BOUND, assert_parity, optimize_traced
+from optimus_helpers import assert_parity, optimize_traced, traced_context
 from torch import fx, nn
 
 import optimus
 from optimus.cost.price import Cost
 from optimus.engine.candidate import Candidate
-from optimus.engine.context import RewriteContext
 from optimus.memory.live import estimate, horizontal_live
 from optimus.rules import REGISTRY
-from optimus.semantics.meta import record
-from optimus.semantics.normalize import lower_modules
 
 B, N, G = 8, 16, 6
 NBYTES = B * N * 4  # one float32 [B, N] tensor
-
-
-def _ctx(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> RewriteContext:
-    gm = fx.symbolic_trace(module)
-    record(gm, inputs)
-    lower_modules(gm)
-    return RewriteContext(gm, LAUNCH_BOUND)
 
 
 class Chain(nn.Module):
@@ -66,7 +56,7 @@ def _towers_inputs() -> tuple[torch.Tensor, ...]:
 
 
 def test_estimate_of_a_chain_is_known_by_construction() -> None:
-    ctx = _ctx(Chain(), (torch.randn(B, N),))
+    ctx = traced_context(Chain(), (torch.randn(B, N),))
     est = ctx.live
     by_name = {n.name: n for n in ctx.index.nodes}
     # while relu runs: x and relu's output; while mul runs: x, relu (its reader) and mul; ...
@@ -84,7 +74,7 @@ def test_views_keep_their_base_alive() -> None:
             z = torch.sigmoid(x)
             return z.sum() + v.sum()
 
-    ctx = _ctx(Viewed(), (torch.randn(B, N),))
+    ctx = traced_context(Viewed(), (torch.randn(B, N),))
     by_name = {n.name: n for n in ctx.index.nodes}
     # y is read through its view after sigmoid: x, y and z are alive together
     assert ctx.live.at(by_name["sigmoid"]) == 3 * NBYTES
@@ -93,7 +83,7 @@ def test_views_keep_their_base_alive() -> None:
 def test_horizontal_pricing_known_by_construction() -> None:
     """G relus over separate inputs: one output alive at a time before; after, the stacked copy
     of the G inputs and the G outputs together."""
-    ctx = _ctx(Towers(), _towers_inputs())
+    ctx = traced_context(Towers(), _towers_inputs())
     (cand,) = [c for c in REGISTRY["batch_unary"]().match(ctx) if len(c.nodes) == G]
     assert cand.before.live_bytes == NBYTES
     assert cand.after.live_bytes == 2 * G * NBYTES  # stacked inputs + stacked outputs
@@ -110,7 +100,7 @@ def test_members_alive_together_add_nothing_for_their_outputs() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.cat([torch.relu(x[i]) for i in range(G)], 1)
 
-    ctx = _ctx(AllAlive(), _towers_inputs())
+    ctx = traced_context(AllAlive(), _towers_inputs())
     (cand,) = [c for c in REGISTRY["batch_unary"]().match(ctx) if len(c.nodes) == G]
     assert cand.before.live_bytes == G * NBYTES
     assert cand.live_delta == G * NBYTES
@@ -129,7 +119,7 @@ def _fired(gm: fx.GraphModule, rule: str) -> int:
 
 def test_margin_declines_a_rewrite_that_raises_the_peak() -> None:
     inputs = _towers_inputs()
-    ctx = _ctx(Towers(), inputs)
+    ctx = traced_context(Towers(), inputs)
     (cand,) = [c for c in REGISTRY["batch_unary"]().match(ctx) if len(c.nodes) == G]
     assert cand.live_delta > 0
     keep = optimize_traced(Towers(), inputs, config=optimus.OptimusConfig(memory_margin=0.0))
@@ -205,7 +195,7 @@ def test_config_memory_fields_reach_the_fingerprint() -> None:
 
 def test_estimate_is_linear_in_graph_size() -> None:
     """The estimate walks each node and edge once: its curve has one entry per node."""
-    ctx = _ctx(Towers(), _towers_inputs())
+    ctx = traced_context(Towers(), _towers_inputs())
     est = estimate(ctx.index.nodes, ctx.index.canons)
     assert len(est.live) == len(ctx.index.nodes)
     assert est.peak == ctx.live.peak

@@ -11,19 +11,14 @@ rank-local and DDP raises at the second step.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from two_ranks import spawn_two
+from two_ranks import gloo_rank, spawn_two
 
 import optimus
 from optimus.params.relayout import PREFIX, RelayoutParams
@@ -96,10 +91,7 @@ def _train(model: nn.Module, run: nn.Module, inputs: Any, labels: torch.Tensor, 
 
 
 def _rank(rank: int, port: int, name: str, optimizer: str, gradients: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    record: dict[str, Any] = {}
-    try:
+    with gloo_rank(rank, port, out) as record:
         torch.set_num_threads(1)
         model, inputs, labels, loss_fn = MODELS[name]()
         mine = tuple(_rows(t, rank, 2) for t in inputs)
@@ -119,11 +111,6 @@ def _rank(rank: int, port: int, name: str, optimizer: str, gradients: str, out: 
         opt = OPTIMIZERS[optimizer](model.parameters())
         record["grads"] = _train(model, ddp, mine, _rows(labels, rank, 2), loss_fn, opt)
         record["params"] = {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
-    except Exception as exc:  # the parent reads the failure; the peer is not left waiting
-        record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        record["trace"] = traceback.format_exc()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
 
 
 def _single_process(
@@ -171,10 +158,7 @@ def test_gradient_hooks_under_ddp_leave_the_members_unreduced(tmp_path: Path) ->
 
 def _rank_contract(rank: int, port: int, out: str) -> None:
     """no_sync() accumulation, static-graph DDP, state_dict and a checkpoint round trip."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    record: dict[str, Any] = {}
-    try:
+    with gloo_rank(rank, port, out) as record:
         torch.set_num_threads(1)
         model, (x,), y, loss_fn = _linear_norm()
         xs, ys = _rows(x, rank, 2), _rows(y, rank, 2)
@@ -197,11 +181,6 @@ def _rank_contract(rank: int, port: int, out: str) -> None:
         record["restored"] = all(torch.equal(ddp.module.state_dict()[k], v) for k, v in state.items())
         record["out_after_load"] = ddp(xs).flatten().tolist()
         record["eager_after_load"] = model(xs).flatten().tolist()
-    except Exception as exc:
-        record["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        record["trace"] = traceback.format_exc()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
 
 
 def test_no_sync_static_graph_and_checkpoints_keep_working(tmp_path: Path) -> None:
