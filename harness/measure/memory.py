@@ -10,17 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-
-def storage_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and shared weights counted once)."""
-    import torch
-
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
+# the cells count static bytes as the optimizer does (re-exported for them)
+from optimus.memory.live import storage_bytes as storage_bytes
 
 
 def peak_place(names: list[str]) -> str | None:

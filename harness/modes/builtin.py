@@ -289,7 +289,7 @@ def bytes_outside(model: Any, dense: Any) -> int:
     """Bytes of ``model``'s parameters and buffers that ``dense`` does not hold (0 without a model)."""
     if model is None:
         return 0
-    from harness.measure.memory import storage_bytes
+    from optimus.memory.live import storage_bytes
 
     inside = {t.untyped_storage().data_ptr() for t in [*dense.parameters(), *dense.buffers()]}
     rest = [

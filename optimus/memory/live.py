@@ -72,15 +72,21 @@ _OPERATORS: dict[Any, str] = {
 MEMORY_CEILING = 0.02
 
 
-def static_bytes(gm: fx.GraphModule) -> int:
-    """Bytes of the distinct storages behind ``gm``'s parameters and buffers (alive in every mode,
-    so not in the live curve; the base the ceiling is a fraction of)."""
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and shared weights counted once;
+    what is not a tensor, and meta tensors, count nothing)."""
     seen: dict[int, int] = {}
-    for t in [*gm.parameters(), *gm.buffers()]:
-        if t.device.type != "meta":
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def static_bytes(gm: fx.GraphModule) -> int:
+    """Bytes of the distinct storages behind ``gm``'s parameters and buffers (alive in every mode,
+    so not in the live curve; the base the ceiling is a fraction of)."""
+    return storage_bytes([*gm.parameters(), *gm.buffers()])
 
 
 def ceiling_budget(static: float, peak: float, ceiling: float) -> float:
