@@ -147,6 +147,25 @@ def aten_name(node: fx.Node) -> str | None:
     return None if resolved is None or resolved[0] == "<random>" else resolved[0]
 
 
+@functools.cache
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def call_arguments(node: fx.Node, fn: Callable[..., Any]) -> dict[str, Any] | None:
+    """``fn``'s arguments in the call ``node`` by parameter name (defaults filled), or None when
+    ``node`` calls something else or its arguments do not bind. Why by name: a rule reads
+    ``eps`` or ``padding_idx`` the same way whether the user passed it by position or keyword."""
+    if node.op != "call_function" or node.target is not fn:
+        return None
+    try:
+        bound = _signature(fn).bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 def _bind_python(node: fx.Node) -> dict[str, Any] | None:
     """Arguments of a python-level torch function by parameter name (defaults filled)."""
     try:

@@ -30,7 +30,6 @@ Exactness (the running statistics and ``num_batches_tracked`` stay bit-equal to 
 
 from __future__ import annotations
 
-import inspect
 import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -44,21 +43,14 @@ from optimus.engine.context import RewriteContext
 from optimus.engine.rule import Cost, HorizontalRule
 from optimus.memory.live import horizontal_live
 from optimus.semantics.normalize import _hashable
+from optimus.semantics.op_schema import call_arguments
 
-_SIGNATURE = inspect.signature(F.batch_norm)
 LANE_BYTES = 64  # the widest CPU vector ATen's BatchNorm kernels use (AVX-512)
 
 
 def batch_norm_call(node: fx.Node) -> dict[str, Any] | None:
     """The arguments of an ``F.batch_norm`` call by name (defaults filled in), or None."""
-    if node.op != "call_function" or node.target is not F.batch_norm:
-        return None
-    try:
-        bound = _SIGNATURE.bind(*node.args, **node.kwargs)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    return call_arguments(node, F.batch_norm)
 
 
 class BatchBatchNorm(HorizontalRule):

@@ -24,7 +24,6 @@ returning another table's row.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +36,8 @@ from optimus.engine.builder import Builder
 from optimus.engine.context import RewriteContext
 from optimus.engine.rule import Cost, HorizontalRule
 from optimus.semantics.meta import TensorMeta
+from optimus.semantics.op_schema import call_arguments
 
-_SIGNATURE = inspect.signature(F.embedding)
 _PLAIN = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False, "sparse": False}
 
 
@@ -73,14 +72,7 @@ def plain_lookup(node: fx.Node, ctx: RewriteContext) -> PlainLookup | None:
 
 def bound(node: fx.Node) -> dict[str, Any] | None:
     """``F.embedding``'s arguments by name (defaults filled), or None for another call."""
-    if node.op != "call_function" or node.target is not F.embedding:
-        return None
-    try:
-        args = _SIGNATURE.bind(*node.args, **node.kwargs)
-    except TypeError:
-        return None
-    args.apply_defaults()
-    return dict(args.arguments)
+    return call_arguments(node, F.embedding)
 
 
 class BatchEmbedding(HorizontalRule):
