@@ -95,12 +95,9 @@ def wall_clock(gm: fx.GraphModule, step: Callable[[], object], calls: int) -> fl
     """The default ``guard_measure``: wall-clock seconds of ``calls`` calls of ``step``, with a
     CUDA synchronize before the clock is read when ``gm`` holds CUDA tensors (kernels run
     asynchronously: without it the clock reads the launch time)."""
-    cuda = any(t.is_cuda for t in itertools.chain(gm.parameters(), gm.buffers()))
-    return time_block(step, calls, sync=torch.cuda.synchronize if cuda else _no_sync)
-
-
-def _no_sync() -> None:
-    return None
+    if any(t.is_cuda for t in itertools.chain(gm.parameters(), gm.buffers())):
+        return time_block(step, calls, sync=torch.cuda.synchronize)
+    return time_block(step, calls)
 
 
 def call_args(gm: fx.GraphModule, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
