@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=5, help="steps per mode per round (default: 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (default: 3)")
+    p.add_argument(
+        "--round-warmup-ms",
+        type=finite_float,
+        default=50.0,
+        help="untimed steps at the start of each worker's turn (not with --nproc), enough to fill this many ms: a worker that idled while the others took their turns runs its first steps slower (default: 50; 0: none)",
+    )
     p.add_argument("--processes", type=int, default=1,
                    help="worker processes per mode; 2 or more also report the spread between a mode's processes (default: 1)")  # fmt: skip
     p.add_argument("--nproc", type=int, default=1,
@@ -90,7 +96,7 @@ def _single(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         rounds=args.rounds, steps=args.steps, warmup=args.warmup, processes=args.processes,
         device=resolve_device(args.device),
         seed=args.seed, threads=args.threads, atol=args.atol, rtol=args.rtol, provider=args.provider,
-        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        round_warmup_ms=args.round_warmup_ms, log=lambda msg: print(msg, file=sys.stderr, flush=True),
     )  # fmt: skip
 
 

@@ -26,6 +26,12 @@ def add_pair_options(p: argparse.ArgumentParser, *, rounds: int = 15) -> None:
                    help=f"while the interval straddles the threshold, time more rounds, up to this many (default: {3 * rounds})")  # fmt: skip
     p.add_argument("--steps", type=int, default=5, help="steps per worker per round (default: 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per worker (default: 3)")
+    p.add_argument(
+        "--round-warmup-ms",
+        type=finite_float,
+        default=50.0,
+        help="untimed steps at the start of each worker's turn, enough to fill this many ms: a worker that idled while the others took their turns runs its first steps slower (default: 50; 0: none)",
+    )
     p.add_argument("--processes", type=int, default=2, help="worker processes per side (default: 2)")
     p.add_argument("--max-processes", type=int, default=4,
                    help="most workers per side when a side's processes disagree (default: 4)")  # fmt: skip
@@ -63,7 +69,7 @@ def options_of(args: argparse.Namespace) -> PairOptions:
         rounds=args.rounds, max_rounds=max(args.max_rounds, args.rounds), steps=args.steps, warmup=args.warmup, processes=args.processes,
         max_processes=args.max_processes, compiles=args.compiles, process_spread=args.process_spread,
         device=resolve_device(args.device), seed=args.seed, threads=args.threads, atol=args.atol,
-        rtol=args.rtol, provider=args.provider,
+        rtol=args.rtol, provider=args.provider, round_warmup_ms=args.round_warmup_ms,
     )  # fmt: skip
     opt.check()
     if args.threshold < 0:

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threshold", type=float, default=0.02)
+    p.add_argument("--round-warmup-ms", type=float, default=50.0,
+                   help="untimed steps at the start of each worker's turn (harness.run.paired.PairOptions)")  # fmt: skip
     p.add_argument("--out", required=True)
     p.add_argument("--summarize", action="store_true", help="print the summary of --out and exit")
     args = p.parse_args(argv)
@@ -150,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
              for mode in parse_list(args.modes, "modes", tuple(mode_registry.names()))
              for ph in parse_list(args.phases, "phases", PHASES)]  # fmt: skip
     opt = PairOptions(rounds=args.rounds, max_rounds=args.rounds, processes=args.processes,
-                      max_processes=args.processes, compiles=1, device=resolve_device("cpu"))  # fmt: skip
+                      max_processes=args.processes, compiles=1, device=resolve_device("cpu"),
+                      round_warmup_ms=args.round_warmup_ms)  # fmt: skip
     config = {"cells": [list(c) for c in cells], "reps": args.reps, "threshold": args.threshold,
-              "injections": list(INJECTIONS), "rounds": args.rounds, "processes": args.processes}  # fmt: skip
+              "injections": list(INJECTIONS), "rounds": args.rounds, "processes": args.processes,
+              "round_warmup_ms": args.round_warmup_ms}  # fmt: skip
     doc: dict[str, Any] = {"kind": KIND, "env": collect_env("cpu"), "config": config, "runs": []}
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()

@@ -34,6 +34,7 @@ MEASURE_KEYS = (
     "max_processes",
     "compiles",
     "process_spread",
+    "round_warmup_ms",
 )
 PAIRED_KEYS = ("enabled", *MEASURE_KEYS, "threshold", "anchor_nights")
 PAIR_FIELDS = ("base_sha", "new_sha", "paired_ratio", "paired_ci95", "paired")

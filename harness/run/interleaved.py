@@ -101,6 +101,7 @@ def run_ab(
     atol: float = 1e-4,
     rtol: float = 1e-3,
     provider: str,
+    round_warmup_ms: float = 50.0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every mode in ``processes`` worker processes of this checkout, the first outputs checked
@@ -115,7 +116,7 @@ def run_ab(
         raise ValueError(f"modes: need two or more distinct modes, got {list(mode_names)}")
     opt = PairOptions(rounds=rounds, max_rounds=rounds, steps=steps, warmup=warmup, processes=processes,
                       max_processes=processes, compiles=1, device=device, seed=seed, threads=threads,
-                      atol=atol, rtol=rtol, provider=provider)  # fmt: skip
+                      atol=atol, rtol=rtol, provider=provider, round_warmup_ms=round_warmup_ms)  # fmt: skip
     opt.check()
     here = this_checkout()
 
@@ -154,6 +155,7 @@ def run_ab(
             "steps": steps,
             "warmup": warmup,
             "processes": m["processes"],
+            "round_warmup_ms": m["round_warmup_ms"],
             "device": device,
             "seed": seed,
             "threads": threads,

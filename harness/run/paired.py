@@ -16,7 +16,8 @@ Figures of a pair (``ratio`` is new time over base time: above 1 is slower):
 
 - ``ratio``: the median over rounds of mean(new workers' ms) / mean(base workers' ms), and its
   bootstrap 95% interval; a worker's ms in a round is the median of its ``steps`` steps, so one
-  step that another process preempted does not decide the round;
+  step that another process preempted does not decide the round, taken after untimed steps that
+  fill ``round_warmup_ms`` in the same request (a worker that idled runs its first steps slower);
 - ``process_spread``: per side, (slowest - fastest) / fastest of the workers' median ms;
 - compile time: every worker's first call with caches off (at least ``compiles`` per side,
   spawned alternately);
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import signal
@@ -45,6 +47,9 @@ import numpy as np
 from harness import stats
 from harness.modes.builtin import CACHE_ENV
 from harness.run.checkouts import WORKER, Checkout
+
+MAX_ROUND_WARMUP = 200
+"""At most this many untimed steps per turn, however short the step."""
 
 STEP_TIMEOUT_S = 120.0
 """A worker that does not answer one round's steps within this is hung (a step is at most a
@@ -82,6 +87,15 @@ class PairOptions:
     rtol: float = 1e-3
     provider: str = "models:build"
     prepare_timeout_s: float = 1200.0
+    round_warmup_ms: float = 50.0
+    """Untimed steps at the start of every worker's turn, enough to fill this many ms (at most
+    ``MAX_ROUND_WARMUP`` steps; 0: none). WHY: a worker that has idled while the others took their
+    turns runs its next steps slower. On the 2-vCPU development machine, towers tiny compiled ran
+    0.73-0.87 ms a step in rounds of 5 steps and 0.44-0.49 ms in rounds of 60, and the A/A pair's
+    per-round noise (sd of the log ratio) fell from 28% to 16%; at small, 4.2-4.6 ms against
+    3.2-3.3 ms. Untimed steps in the same request, not a separate one: the worker must not idle
+    between them and the timed steps. The parent drops them itself, so a worker of an older
+    commit, which knows nothing of them, is measured alike."""
 
     def check(self) -> None:
         for name in ("rounds", "steps", "processes", "compiles"):
@@ -97,6 +111,14 @@ class PairOptions:
             )
         if not self.process_spread > 0:
             raise ValueError(f"process_spread: must be > 0, got {self.process_spread}")
+        if not (math.isfinite(self.round_warmup_ms) and self.round_warmup_ms >= 0):
+            raise ValueError(f"round_warmup_ms: must be a number >= 0, got {self.round_warmup_ms}")
+
+    def round_warmup_steps(self, step_ms: float) -> int:
+        """Untimed steps before a turn's timed ones, for a step of ``step_ms``."""
+        if self.round_warmup_ms <= 0:
+            return 0
+        return min(MAX_ROUND_WARMUP, math.ceil(self.round_warmup_ms / max(step_ms, 1e-3)))
 
 
 def worker_env(root: Path, threads: int, extra: dict[str, str]) -> dict[str, str]:
@@ -118,6 +140,7 @@ class Worker:
     def __init__(self, side: SideSpec, index: int, threads: int, scratch: Path) -> None:
         self.side, self.index = side, index
         self.name = f"{side.label} worker {index} ({side.checkout.sha[:12]}, {side.mode})"
+        self.step_ms = float("inf")  # its last turn's median step (sizes the next turn's warm-up)
         cache = scratch / f"{side.label}-{index}-cache"
         env = worker_env(side.checkout.root, threads, side.env)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
@@ -248,6 +271,7 @@ def run_pair(
         "rounds": m["rounds"],
         "steps": opt.steps,
         "processes": m["processes"],
+        "round_warmup_ms": m["round_warmup_ms"],
         "parity": m["parity"][0],
         "base": m["sides"][0],
         "new": m["sides"][1],
@@ -309,6 +333,7 @@ def measure_sides(
             compile_s[side_i].append(s)
             log(f"[pair]   first call {s:.1f} s")
             if keep:
+                w.step_ms = float(np.median(w.ask({"op": "time", "steps": 1}, STEP_TIMEOUT_S)["ms"]))
                 workers[side_i].append(w)
             else:
                 w.close()
@@ -320,8 +345,9 @@ def measure_sides(
                     order.reverse()
                 ms: dict[int, float] = {}
                 for w in order:
-                    steps_ms = w.ask({"op": "time", "steps": opt.steps}, STEP_TIMEOUT_S)["ms"]
-                    ms[id(w)] = float(np.median(steps_ms))
+                    warm = opt.round_warmup_steps(w.step_ms)
+                    steps_ms = w.ask({"op": "time", "steps": warm + opt.steps}, STEP_TIMEOUT_S)["ms"][warm:]
+                    w.step_ms = ms[id(w)] = float(np.median(steps_ms))
                 for side_i in range(n):
                     rows[side_i].append([ms[id(w)] for w in workers[side_i]])
                 if (r + 1) % 5 == 0 or r + 1 == count:
@@ -367,6 +393,7 @@ def measure_sides(
         "parity": parity,
         "rounds": len(rows[0]),
         "processes": processes,
+        "round_warmup_ms": opt.round_warmup_ms,
         "sides": [_side_record(sides[i], rows[i], compile_s[i], memory[i]) for i in range(n)],
         "wall_s": time.perf_counter() - t_start,
     }

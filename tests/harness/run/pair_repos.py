@@ -3,7 +3,7 @@
 ``fake_history``: commits of a stand-in project whose only code is what a pair's worker asks of a
 checkout (``harness.run.interleaved.contender``). Its step busy-waits for a time fixed in the
 commit, so a commit can be made slower by a known fraction; model names make a worker crash,
-hang or fail on purpose. ``copy_of_this_repo``: the tracked files of this checkout as a new
+hang or fail on purpose, or run its first steps after idling slower (``cold``). ``copy_of_this_repo``: the tracked files of this checkout as a new
 repository, for a real pair of two commits of this project.
 """
 
@@ -38,14 +38,23 @@ class Contender:
 def contender(model, scale, mode, phase, *, device, seed, provider):
     import torch
 
+    last = [0.0, 0]  # when the last step ended; steps since the last idle gap
+
     def step():
         if CRASH and model == "crash":
             os._exit(7)
         if HANG and model == "hang":
             time.sleep(3600)
-        end = time.perf_counter() + STEP_MS / 1e3
+        start = time.perf_counter()
+        if start - last[0] > 0.02:
+            last[1] = 0
+        last[1] += 1
+        # "cold": the first 8 steps after the worker idled run 3x slower, as caches and clocks warm up
+        slow = 3.0 if model == "cold" and last[1] <= 8 else 1.0
+        end = start + slow * STEP_MS / 1e3
         while time.perf_counter() < end:
             pass
+        last[0] = time.perf_counter()
         return torch.ones(3)
 
     return Contender(mode, step, 0.01, torch.full((3,), float(seed)))

@@ -49,6 +49,30 @@ def test_a_crashing_worker_ends_its_cell_with_the_side_named_and_the_grid_goes_o
     assert cells[1]["status"] == "ok"
 
 
+def test_each_turn_is_timed_after_untimed_steps_that_warm_the_idle_worker(tmp_path: Path) -> None:
+    # "cold": a worker's first 8 steps after it idled take 3x as long. Without the warm-up every
+    # timed step of a 3-step turn is a cold one; with 50 ms of untimed steps none is.
+    shas = fake_history(tmp_path / "repo", [2.0, 2.0])
+    warm = grid(tmp_path / "repo", shas[0], shas[1], ["cold"])["cells"][0]
+    cold_opt = PairOptions(**{**FAST.__dict__, "round_warmup_ms": 0.0})
+    cold = grid(tmp_path / "repo", shas[0], shas[1], ["cold"], cold_opt)["cells"][0]
+    assert warm["status"] == cold["status"] == "ok"
+    warm_ms = [ms for row in warm["paired"]["base"]["worker_ms"] for ms in row]
+    cold_ms = [ms for row in cold["paired"]["base"]["worker_ms"] for ms in row]
+    assert max(warm_ms) < 4.0 < 5.0 < min(cold_ms), (warm_ms, cold_ms)
+    assert warm["paired"]["round_warmup_ms"] == 50.0 and cold["paired"]["round_warmup_ms"] == 0.0
+
+
+def test_round_warmup_steps_fill_the_time_and_are_bounded() -> None:
+    opt = PairOptions(round_warmup_ms=50.0)
+    assert opt.round_warmup_steps(10.0) == 5
+    assert opt.round_warmup_steps(80.0) == 1
+    assert opt.round_warmup_steps(1e-6) == 200
+    assert PairOptions(round_warmup_ms=0.0).round_warmup_steps(1.0) == 0
+    with pytest.raises(ValueError, match="round_warmup_ms"):
+        PairOptions(round_warmup_ms=-1.0).check()
+
+
 def test_a_hanging_worker_is_killed_with_the_side_named(tmp_path: Path) -> None:
     shas = fake_history(tmp_path / "repo", [0.5, 0.5], faulty=0)
     opt = PairOptions(**{**FAST.__dict__, "prepare_timeout_s": 8.0})
