@@ -18,7 +18,7 @@ from torch import fx
 from optimus.engine.builder import Builder
 from optimus.engine.candidate import Candidate
 from optimus.engine.param_layout import ParamLayout, RuntimeStack
-from optimus.memory.live import LiveEstimate, estimate
+from optimus.memory.live import LiveEstimate, estimate, scheduled_peak
 from optimus.semantics.effects import mutated_args
 from optimus.semantics.graph_index import GraphIndex, group_by_key, stab_groups
 from optimus.semantics.meta import TensorMeta, output_requires_grad, tensor_meta, value_meta
@@ -65,6 +65,12 @@ class RewriteContext:
         if self._live is None:
             self._live = estimate(self.index.nodes, self.index.canons, self.for_inductor)
         return self._live
+
+    @property
+    def scheduled_peak(self) -> float:
+        """The live peak in the order the graph's runtime would run it (``live.scheduled_peak``:
+        Inductor reorders for peak memory; eager keeps the graph's order)."""
+        return scheduled_peak(self.index.nodes, self.index.canons, self.for_inductor)
 
     def decline(self, reason: str) -> None:
         """Count a rewrite the engine refused (``report.declined_reasons``)."""
