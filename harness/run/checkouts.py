@@ -35,7 +35,7 @@ class Checkout:
     root: Path
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str) -> str:
     r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["git failed"])[-1]
@@ -49,7 +49,7 @@ def repo_root(path: str | os.PathLike[str]) -> Path:
     if not p.is_dir():
         raise CheckoutError(f"--repo: {p} is not a directory")
     try:
-        return Path(_git(p, "rev-parse", "--show-toplevel"))
+        return Path(git(p, "rev-parse", "--show-toplevel"))
     except CheckoutError:
         raise CheckoutError(f"--repo: {p} is not inside a git repository") from None
 
@@ -57,7 +57,7 @@ def repo_root(path: str | os.PathLike[str]) -> Path:
 def resolve(repo: Path, rev: str) -> str:
     """The full sha of ``rev`` in ``repo``."""
     try:
-        return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except CheckoutError:
         raise CheckoutError(f"{rev!r} is not a commit of {repo}") from None
 
@@ -68,13 +68,13 @@ def commits_between(repo: Path, good: str, bad: str) -> list[str]:
     r = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", g, b], check=False)
     if r.returncode != 0:
         raise CheckoutError(f"GOOD {good!r} is not an ancestor of BAD {bad!r}")
-    out = _git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}")
+    out = git(repo, "rev-list", "--first-parent", "--reverse", f"{g}..{b}")
     return [line for line in out.splitlines() if line]
 
 
 def git_worktrees(repo: Path) -> list[str]:
     """The paths of ``repo``'s worktrees (the main one first)."""
-    out = _git(repo, "worktree", "list", "--porcelain")
+    out = git(repo, "worktree", "list", "--porcelain")
     return [line.removeprefix("worktree ") for line in out.splitlines() if line.startswith("worktree ")]
 
 
@@ -103,13 +103,13 @@ def checked_out(repo: Path, revs: list[str]) -> Iterator[list[Checkout]]:
             for i, rev in enumerate(revs):
                 if Path(rev).is_dir():
                     root = Path(rev).resolve()
-                    sha = _git(root, "rev-parse", "HEAD")
-                    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+                    sha = git(root, "rev-parse", "HEAD")
+                    dirty = git(root, "status", "--porcelain", "--untracked-files=no")
                     outs.append(Checkout(sha + ("-dirty" if dirty else ""), root))
                     continue
                 sha = resolve(repo, rev)
                 path = Path(tmp) / f"{i}-{sha[:12]}"
-                _git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
+                git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
                 made.append(path)
                 outs.append(Checkout(sha, path))
             for c in outs:
