@@ -11,7 +11,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CACHE_ENV = {
@@ -180,14 +180,46 @@ def peer_run_info() -> dict[str, Any]:
     return {"peer_options": sorted(peer_fusion_options())}
 
 
-_MEMORY_MARGIN: list[float | None] = [None]  # set by memory_margin(): the Optimus modes' gate
-_OUTSIDE_BYTES: list[int] = [0]  # set by outside_bytes(): the model's memory beside the dense arch
-_COST_MODEL: list[str | None] = [None]  # set by cost_model(): "analytic" (default) or "measured"
+@dataclass(frozen=True)
+class OptimusSettings:
+    """What the Optimus modes prepare with beyond their defaults, set for a block by the context
+    managers below (``run``'s options, the cell's tables) and read when a mode is prepared.
+
+    WHY process-wide and not arguments: the modes are called through one small interface,
+    ``prepare(dense, example_inputs)`` (``mode_registry``), shared by every mode, and these
+    settings concern only the Optimus ones. Process-wide and not a context variable: a thread
+    that prepares a mode sees them too."""
+
+    memory_margin: float | None = None  # memory_margin(): the memory gate's margin
+    outside_bytes: int = 0  # outside_bytes(): the model's memory beside the dense arch
+    cost_model: str | None = None  # cost_model(): "analytic" (the default) or "measured"
+    guard: str | None = None  # optimus_guard(): None, each mode's default
+
+
+_SETTINGS = OptimusSettings()
+
+
+def settings() -> OptimusSettings:
+    """The settings the Optimus modes would prepare with now."""
+    return _SETTINGS
+
+
+@contextlib.contextmanager
+def _setting(**changes: Any) -> Iterator[None]:
+    """Inside the block, ``changes`` on top of the settings around it; restored after."""
+    global _SETTINGS
+    before = _SETTINGS
+    _SETTINGS = replace(before, **changes)
+    try:
+        yield
+    finally:
+        _SETTINGS = before
+
+
 # The Optimus modes' OptimusConfig.guard (optimus.guard) when ``run --optimus-guard`` is not
 # given: eager+optimus measures, compile+optimus does not (each measurement there is a compile)
 EAGER_GUARD_DEFAULT = "rules"
 COMPILE_GUARD_DEFAULT = "off"
-_GUARD: list[str | None] = [None]  # set by optimus_guard(): None, each mode's default
 # ``ab --optimus-guard``: its worker processes (of any checkout) read the choice from here
 GUARD_ENV = "OPTIMUS_BENCH_OPTIMUS_GUARD"
 GUARDS = ("off", "graph", "rules")
@@ -196,7 +228,8 @@ GUARDS = ("off", "graph", "rules")
 def guard_for(compiled: bool) -> str:
     """The guard an Optimus mode prepares with: ``optimus_guard``'s, else ``GUARD_ENV``'s, else
     the mode's default (see ``optimus_guard``)."""
-    chosen = _GUARD[0] if _GUARD[0] is not None else os.environ.get(GUARD_ENV) or None
+    guard = _SETTINGS.guard
+    chosen = guard if guard is not None else os.environ.get(GUARD_ENV) or None
     if chosen is not None:
         if chosen not in GUARDS:
             raise ValueError(f"{GUARD_ENV}: unknown {chosen!r}; allowed: {', '.join(GUARDS)}")
@@ -230,12 +263,8 @@ def optimus_guard(mode: str | None) -> Iterator[None]:
     """
     if mode is not None and mode not in GUARDS:
         raise ValueError(f"optimus guard: unknown {mode!r}; allowed: {', '.join(GUARDS)}")
-    before = _GUARD[0]
-    _GUARD[0] = mode
-    try:
+    with _setting(guard=mode):
         yield
-    finally:
-        _GUARD[0] = before
 
 
 @contextlib.contextmanager
@@ -250,11 +279,8 @@ def cost_model(name: str | None) -> Iterator[None]:
     """
     if name not in (None, "analytic", "measured"):
         raise ValueError(f"cost model: unknown {name!r}; allowed: analytic, measured")
-    _COST_MODEL[0] = name
-    try:
+    with _setting(cost_model=name):
         yield
-    finally:
-        _COST_MODEL[0] = None
 
 
 @contextlib.contextmanager
@@ -266,11 +292,8 @@ def memory_margin(margin: float | None) -> Iterator[None]:
     "Memory is a cost"), and which side of that trade a user wants is theirs to measure, cell by
     cell, with the same harness that measures the default.
     """
-    _MEMORY_MARGIN[0] = margin
-    try:
+    with _setting(memory_margin=margin):
         yield
-    finally:
-        _MEMORY_MARGIN[0] = None
 
 
 @contextlib.contextmanager
@@ -278,11 +301,8 @@ def outside_bytes(nbytes: int) -> Iterator[None]:
     """Optimus modes prepared inside this block count ``nbytes`` (the model's parameters and
     buffers outside the dense arch: its embedding tables) in the whole their memory ceiling is a
     fraction of (``OptimusConfig.memory_outside_bytes``), as the cell's peak-memory figure does."""
-    _OUTSIDE_BYTES[0] = int(nbytes)
-    try:
+    with _setting(outside_bytes=int(nbytes)):
         yield
-    finally:
-        _OUTSIDE_BYTES[0] = 0
 
 
 def bytes_outside(model: Any, dense: Any) -> int:
@@ -323,7 +343,8 @@ def _optimize_relayout(
 
     # gradient buffers kept between steps lift the training peak by their bytes (RelayoutParams)
     layout = RelayoutParams(keep_gradient_buffers=False)
-    if _COST_MODEL[0] == "measured":
+    settings = _SETTINGS
+    if settings.cost_model == "measured":
         from optimus.cost.measured import MeasuredCostModel
 
         model: Any = MeasuredCostModel(inductor=inductor)
@@ -336,12 +357,12 @@ def _optimize_relayout(
         cost_model=model,
         guard=guard,
         memory_ceiling=MEMORY_CEILING,
-        memory_outside_bytes=_OUTSIDE_BYTES[0],
+        memory_outside_bytes=settings.outside_bytes,
     )
     if inductor and guard != "off":
         config = config.with_(guard_compile=compile_for_guard)
-    if _MEMORY_MARGIN[0] is not None:
-        config = config.with_(memory_margin=_MEMORY_MARGIN[0])
+    if settings.memory_margin is not None:
+        config = config.with_(memory_margin=settings.memory_margin)
     t0 = time.perf_counter()
     gm = optimus.optimize(dense, tuple(example_inputs), config=config)
     dt = time.perf_counter() - t0

@@ -45,7 +45,7 @@ def test_the_guard_setting_reaches_optimize_and_ends_with_its_block() -> None:
     with builtin.optimus_guard("off"):
         prepared = _prepare("eager+optimus")
     assert prepared.reports[0].guard == "off" and "optimus_guard" not in prepared.info
-    assert builtin._GUARD[0] == "off"  # this test file's own pin (conftest) is back
+    assert builtin.settings().guard == "off"  # this test file's own pin (conftest) is back
     with builtin.optimus_guard(None):  # each mode's default
         assert builtin.guard_for(compiled=False) == "rules"
         assert builtin.guard_for(compiled=True) == "off"

@@ -63,7 +63,7 @@ def test_optimus_modes_run_under_the_ceiling_with_the_table_counted(
     assert config.memory_ceiling == MEMORY_CEILING == 0.02
     assert config.memory_outside_bytes == 100 * 8 * 4
     assert config.layout.reuse_limit == 0  # type: ignore[attr-defined]
-    assert builtin._OUTSIDE_BYTES[0] == 0  # not beyond the prepare
+    assert builtin.settings().outside_bytes == 0  # not beyond the prepare
 
 
 def test_without_the_model_nothing_outside_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,5 +43,5 @@ def test_margin_one_judges_the_tower_chain_as_one_rewrite_and_default_does_not()
 def test_the_margin_does_not_outlive_its_block() -> None:
     with builtin.memory_margin(1.0):
         pass
-    assert builtin._MEMORY_MARGIN[0] is None
+    assert builtin.settings().memory_margin is None
     assert _prepare()[1].chains == {}  # the gate is off again: no chain is judged
