@@ -91,11 +91,12 @@ class PairOptions:
     """Untimed steps at the start of every worker's turn, enough to fill this many ms (at most
     ``MAX_ROUND_WARMUP`` steps; 0: none). WHY: a worker that has idled while the others took their
     turns runs its next steps slower. On the 2-vCPU development machine, towers tiny compiled ran
-    0.73-0.87 ms a step in rounds of 5 steps and 0.44-0.49 ms in rounds of 60, and the A/A pair's
-    per-round noise (sd of the log ratio) fell from 28% to 16%; at small, 4.2-4.6 ms against
-    3.2-3.3 ms. Untimed steps in the same request, not a separate one: the worker must not idle
+    0.73-0.87 ms a step in rounds of 5 steps and 0.44-0.49 ms in rounds of 60. Two A/A pairs side
+    by side, with and without this warm-up: the spread between processes 4.8% against 9.6% (tiny)
+    and 1.7% against 11.6% (small), the per-round noise 14.7% against 16.6% and 8.0% against
+    10.3%. Untimed steps in the same request, not a separate one: the worker must not idle
     between them and the timed steps. The parent drops them itself, so a worker of an older
-    commit, which knows nothing of them, is measured alike."""
+    commit, which knows nothing of them, is measured alike. Every turn takes at least one."""
 
     def check(self) -> None:
         for name in ("rounds", "steps", "processes", "compiles"):
