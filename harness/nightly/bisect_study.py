@@ -25,6 +25,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     night = load_config(args.config).paired
     opt = night.measure
     if args.processes is not None:
-        opt = PairOptions(**{**opt.__dict__, "processes": args.processes,
-                             "max_processes": max(opt.max_processes, args.processes)})  # fmt: skip
-    opt = PairOptions(**{**opt.__dict__, "compiles": 1})  # nothing compiles: the first call is the step
+        opt = replace(opt, processes=args.processes, max_processes=max(opt.max_processes, args.processes))
+    opt = replace(opt, compiles=1)  # nothing compiles: the first call is the step
     opt.check()
     threshold = night.threshold if args.threshold is None else args.threshold
     rng = random.Random(args.seed)

@@ -204,11 +204,16 @@ def inductor_placement(
             )
         return into_join[node]
 
-    def joins_reached(node: fx.Node) -> set[fx.Node]:
-        found: set[fx.Node] = set()
-        for u in node.users:
-            found |= {u} if generated.get(u) in _JOINS else joins_reached(u)
-        return found
+    reached: dict[fx.Node, frozenset[fx.Node]] = {}
+
+    def joins_reached(node: fx.Node) -> frozenset[fx.Node]:
+        """The cats and stacks ``node`` reaches through its readers (once per node)."""
+        if node not in reached:
+            found: set[fx.Node] = set()
+            for u in node.users:
+                found |= {u} if generated.get(u) in _JOINS else joins_reached(u)
+            reached[node] = frozenset(found)
+        return reached[node]
 
     fused: set[fx.Node] = set()
     joined: set[fx.Node] = set()
@@ -321,7 +326,7 @@ def earliest_inputs_first(nodes: Sequence[fx.Node]) -> list[fx.Node]:
                 heapq.heappush(ready, (sorted({ran[p] for p in preds[s]}), pos[s], s))
     if len(out) != len(nodes):  # not a DAG over these nodes (cannot happen for a graph's nodes)
         return list(nodes)
-    out.sort(key=lambda n: (n.op == "output", 0))  # the output stays last
+    out.sort(key=lambda n: n.op == "output")  # the output stays last (the sort is stable)
     return out
 
 
