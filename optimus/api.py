@@ -140,7 +140,10 @@ def _within_ceiling(
     ``optimus.memory.live``, in the order its runtime would run it: ``scheduled_peak``); in
     training, the whole step's, forward and backward (``optimus.memory.step``), whose peak is in
     the backward the forward estimate does not see. Where the step cannot be traced, training
-    runs as without a ceiling and the report says why. The trials cost about one more optimize
+    runs as without a ceiling and the report says why. A training graph has no gated trial: the
+    gate judges each rewrite by the forward's live bytes, blind to the backward. Measured on towers
+    medium training: gated, the step estimate read +0.7% and the step measured +5.8% over compile
+    at compile's speed (47.4 against 46.7 ms), where left as captured it holds +0.0% at that speed. The trials cost about one more optimize
     pass in inference (under 2% of a compile), and in training one fake-tensor trace of the step
     per trial (a few seconds at large)."""
     ceiling = config.memory_ceiling
@@ -154,7 +157,7 @@ def _within_ceiling(
         budget = ceiling_budget(static, captured, ceiling)
         if _trial_peak(gm, ungated, inference) <= budget:
             return ungated
-        if _trial_peak(gm, config, inference) <= budget:
+        if inference and _trial_peak(gm, config, inference) <= budget:
             report.notes.append(
                 f"memory_ceiling: every rewrite gated (the whole run lifted the estimated peak past {ceiling:.0%})"
             )

@@ -113,9 +113,9 @@ def test_training_ceiling_declines_a_fusion_whose_step_breaks_it() -> None:
 
     gm = _optimize_train(module, inputs, config=config)
     report: Any = gm.optimus_report
-    assert any(n.startswith("memory_ceiling:") for n in report.notes)
-    assert report.rules_fired.get("batch_layer_norm", 0) == 0
-    assert step_peak(gm, inductor=False) <= budget
+    assert any(n.startswith("memory_ceiling: unchanged") for n in report.notes)  # no gated trial
+    assert report.rules_fired == {}
+    assert str(report.stop_reason) == "unchanged"
     assert_parity(module, gm, inputs)  # outputs and the parameters' gradients
 
 
