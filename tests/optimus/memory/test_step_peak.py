@@ -150,3 +150,31 @@ def test_a_step_that_cannot_be_traced_runs_unjudged_and_says_why() -> None:
     assert report.rules_fired == free.optimus_report.rules_fired  # type: ignore[union-attr]
     with torch.no_grad():
         torch.testing.assert_close(gm(*inputs), module(*inputs))
+
+
+class Halves(nn.Module):
+    """A value read as two slices: each slice's backward is a full-size zero-filled gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(B, 2 * N))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.w
+        return y[:, :N].sum(0) + y[:, N:].sum(0)
+
+
+def test_a_slice_backward_is_computed_inside_its_reader_under_inductor() -> None:
+    """Eager holds both slices' full-size gradients until they are added; Inductor computes each
+    as a masked load inside the add (``live._LOWERED_POINTWISE``), so neither holds a buffer."""
+    from optimus.memory.live import inductor_placement
+
+    module, inputs = Halves(), (torch.randn(B, 2 * N),)
+    gm = _captured(module, inputs)
+    joint = joint_graph(gm)
+    backs = [n for n in joint.graph.nodes if "slice_backward" in str(n.target)]
+    assert len(backs) == 2
+    fused, _ = inductor_placement(list(joint.graph.nodes))
+    assert set(backs) <= fused
+    full = B * 2 * N * 4
+    assert step_peak(gm, inductor=False) - step_peak(gm, inductor=True) >= full
