@@ -7,8 +7,8 @@ towers medium it called the fused graph free (+0.0%) where the step measured +35
 
 How: the graph's forward and the gradients of its parameters are recorded together into one
 ATen graph (the forward and ``torch.autograd.grad`` run on fake tensors under a dispatch mode
-that records each op: no memory, no kernels, seconds at large), and that graph's live bytes are estimated like any graph's, in the order its runtime
-would run it (``live.scheduled_peak``). In the joint graph a forward value the backward reads is
+that records each op: no memory, no kernels, seconds at large), and that graph's live bytes are
+estimated like any graph's, in the order its runtime would run it (``live.scheduled_peak``). In the joint graph a forward value the backward reads is
 alive until its last backward reader: autograd's saved tensors, freed when the backward is done
 with them. The parameters are its inputs (held throughout, as they are) and their gradients its
 outputs (alive to the step's end, as ``.grad`` is).
@@ -161,10 +161,9 @@ def _fake_input(node: fx.Node, fake_mode: Any) -> Any:
             raise StepNotTraced(f"input {node.name} has no recorded shape")
         return value
     with fake_mode:
-        stride = meta.stride if meta.stride is not None else None
         t = (
-            torch.empty_strided(meta.shape, stride, dtype=meta.dtype, device=meta.device)
-            if stride is not None
+            torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device)
+            if meta.stride is not None
             else torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
         )
     wants = output_requires_grad(node)
