@@ -2,7 +2,7 @@
 deliberate gradient error in one group and passes a clean one; the CLI writes the cells, the
 report shows them, and ``compare`` counts a ``quality_mismatch`` as lost data.
 
-Tiny and short on purpose (towers tiny, tens of steps, no Inductor compile): the gate's figures
+Tiny and short on purpose (towers and mmoe tiny, tens of steps, no Inductor compile): the gate's figures
 at a few hundred steps are the committed run's (results/quality-tiny/).
 """
 
@@ -28,10 +28,10 @@ pytest.importorskip("torchrec")
 ERROR = 1e-3  # the deliberate gradient error: relative, in one group (the first linear layer)
 
 
-def _spec(mode: str, steps: int, seeds: int = 3) -> dict[str, Any]:
-    cfg = RunConfig(models=["towers"], modes=[mode], phases=["train"], quality_steps=steps, quality_seeds=seeds,
+def _spec(mode: str, steps: int, seeds: int = 3, model: str = "towers") -> dict[str, Any]:
+    cfg = RunConfig(models=[model], modes=[mode], phases=["train"], quality_steps=steps, quality_seeds=seeds,
                     quality_heldout=16).validate()  # fmt: skip
-    return {"model": "towers", "scale": "tiny", "mode": mode, "phase": "train", "config": cfg.as_dict()}
+    return {"model": model, "scale": "tiny", "mode": mode, "phase": "train", "config": cfg.as_dict()}
 
 
 def _gradient_error(dense: Any, example: tuple[Any, ...]) -> builtin.Prepared:
@@ -57,8 +57,10 @@ def test_a_gradient_error_in_one_group_fails_the_gate() -> None:
 
 
 def test_a_clean_rewrite_passes_the_gate() -> None:
-    """eager+optimus (the dense arch rewritten, parameters re-laid out) trains like eager."""
-    cell = run_quality_cell(_spec("eager+optimus", steps=40, seeds=2))
+    """eager+optimus (the dense arch rewritten, parameters re-laid out) trains like eager. On mmoe:
+    towers tiny training is left as captured under the harness's memory ceiling (its fused step
+    breaks it), so it would have no rewrite to judge."""
+    cell = run_quality_cell(_spec("eager+optimus", steps=40, seeds=2, model="mmoe"))
     q = cell["quality"]
     assert cell["status"] == "ok", cell["error"]
     assert q["verdict"] == "ok" and q["reasons"] == []
