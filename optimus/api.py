@@ -117,8 +117,12 @@ def _guard_for(
 
 def _chunks(config: OptimusConfig, inference: bool) -> bool:
     """Does this run chunk its fused chains after the rules (``optimus.memory.chunked``)?"""
-    inductor = getattr(config.cost_model, "inductor", False) is True
-    return inference and config.inference_chunk_bytes is not None and inductor
+    return inference and config.inference_chunk_bytes is not None and _inductor(config)
+
+
+def _inductor(config: OptimusConfig) -> bool:
+    """Does the cost model price for Inductor (the graph goes to torch.compile)?"""
+    return getattr(config.cost_model, "inductor", False) is True
 
 
 def _within_ceiling(
@@ -151,10 +155,10 @@ def _within_ceiling(
     if ceiling is None:
         return config
     ungated = config.with_(memory_ceiling=None)
-    peak_of = _forward_peak if inference else _step_peak
+    as_captured = RewriteContext(gm, config.cost_model, config.layout)
     static = config.memory_outside_bytes + (static_bytes(gm) if inference else 0)
     try:
-        captured = peak_of(gm, config)
+        captured = as_captured.scheduled_peak if inference else _step_peak(gm, config)
         budget = ceiling_budget(static, captured, ceiling)
         if _trial_peak(gm, ungated, inference) <= budget:
             return ungated
@@ -169,9 +173,7 @@ def _within_ceiling(
     report.notes.append(f"memory_ceiling: unchanged (every run lifted the estimated peak past {ceiling:.0%})")
     report.stop_reason = StopReason.unchanged()
     report.nodes_after = report.nodes_before = len(gm.graph.nodes)
-    report.live_peak_before = report.live_peak_after = RewriteContext(
-        gm, config.cost_model, config.layout
-    ).live.peak
+    report.live_peak_before = report.live_peak_after = as_captured.live.peak
     return None
 
 
@@ -189,7 +191,7 @@ def _forward_peak(gm: fx.GraphModule, config: OptimusConfig) -> float:
 
 def _step_peak(gm: fx.GraphModule, config: OptimusConfig) -> float:
     """One training step's estimated peak, parameters included (``optimus.memory.step``)."""
-    return step_peak(gm, getattr(config.cost_model, "inductor", False) is True)
+    return step_peak(gm, _inductor(config))
 
 
 def _trial(gm: fx.GraphModule, config: OptimusConfig, inference: bool) -> fx.GraphModule:

@@ -46,7 +46,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from optimus.memory.live import scheduled_peak
-from optimus.semantics.meta import TensorMeta, output_requires_grad, value_meta
+from optimus.semantics.meta import TensorMeta, empty_of, output_requires_grad, value_meta
 from optimus.semantics.normalize import canonicalize
 
 
@@ -161,11 +161,7 @@ def _fake_input(node: fx.Node, fake_mode: Any) -> Any:
             raise StepNotTraced(f"input {node.name} has no recorded shape")
         return value
     with fake_mode:
-        t = (
-            torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device)
-            if meta.stride is not None
-            else torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
-        )
+        t = empty_of(meta)
     wants = output_requires_grad(node)
     if wants and t.dtype.is_floating_point:
         t.requires_grad_(True)

@@ -128,11 +128,18 @@ def _fetch_attr(node: fx.Node) -> Any:
     return obj
 
 
+def empty_of(meta: TensorMeta, device: torch.device | str | None = None) -> torch.Tensor:
+    """An uninitialised tensor of ``meta``'s shape, dtype and stride (where known), on ``device``
+    (``meta``'s own by default); under a fake mode, a fake one."""
+    where = meta.device if device is None else device
+    if meta.stride is not None:
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=where)
+    return torch.empty(meta.shape, dtype=meta.dtype, device=where)
+
+
 def _to_meta_tensor(meta: Any) -> Any:
     if isinstance(meta, TensorMeta):
-        if meta.stride is not None:
-            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
-        return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
+        return empty_of(meta, "meta")
     if isinstance(meta, tuple):
         return tuple(_to_meta_tensor(m) for m in meta)
     raise ValueError("unknown input meta")
