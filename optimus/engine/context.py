@@ -55,22 +55,17 @@ class RewriteContext:
         self._grad_cut: set[fx.Node] = set()  # values this round's rewrites left no gradient path
 
     @property
-    def for_inductor(self) -> bool:
-        """Does the cost model price for Inductor (then the live estimate models its fusion)?"""
-        return getattr(self.cost_model, "inductor", False) is True
-
-    @property
     def live(self) -> LiveEstimate:
         """Live bytes of the graph as this round found it (``optimus.memory.live``), computed once."""
         if self._live is None:
-            self._live = estimate(self.index.nodes, self.index.canons, self.for_inductor)
+            self._live = estimate(self.index.nodes, self.index.canons, self.inductor)
         return self._live
 
     @property
     def scheduled_peak(self) -> float:
         """The live peak in the order the graph's runtime would run it (``live.scheduled_peak``:
         Inductor reorders for peak memory; eager keeps the graph's order)."""
-        return scheduled_peak(self.index.nodes, self.index.canons, self.for_inductor)
+        return scheduled_peak(self.index.nodes, self.index.canons, self.inductor)
 
     def decline(self, reason: str) -> None:
         """Count a rewrite the engine refused (``report.declined_reasons``)."""
@@ -92,7 +87,8 @@ class RewriteContext:
     # -- what rules read ---------------------------------------------------------------------
     @property
     def inductor(self) -> bool:
-        """Whether Inductor compiles the result (the cost model says so; see ``optimus.cost.analytic``)."""
+        """Whether Inductor compiles the result (the cost model says so; see ``optimus.cost.analytic``):
+        rules price its fusions, and the live estimate models where it places buffers."""
         return getattr(self.cost_model, "inductor", False) is True
 
     def canon(self, node: Any) -> Canon | None:

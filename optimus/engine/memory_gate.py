@@ -99,7 +99,7 @@ class MemoryGate:
         stable_toposort(ctx.graph, ctx.index.chained)
         gone = {n for n in ctx.leftovers if not n.users}
         nodes = [n for n in ctx.graph.nodes if n not in gone]
-        return estimate(nodes, {n: ctx.canon(n) for n in nodes}, ctx.for_inductor)
+        return estimate(nodes, {n: ctx.canon(n) for n in nodes}, ctx.inductor)
 
     def chain_refusal(self, name: str, before: float, after: float, gain_share: float) -> str | None:
         """Why a chain that moves the exact estimated peak from ``before`` to ``after`` and saves
