@@ -10,21 +10,16 @@ the device raise NotImplementedError, which asv reports as skipped.
 Shapes: batch M = 256 rows (the medium presets' batch), K_g and N_g drawn uniformly from the
 embedding dims of ``models/widths.py`` (8..128, powers of two), seeded; G = 8 and 32.
 
-On a GPU machine, ``python -m benchmarks.bench_grouped_linear --gpu-report OUT.json`` times the
-same shape sets (and larger G) with CUDA events: separate linears, the Triton grouped kernel,
-the padded bmm, and ``torch.compile`` (Inductor) of the separate linears, forward and
-forward+backward, fp32 and bf16. See docs/optimus.md, "group_linear and the grouped kernel".
+On a GPU machine, ``python -m benchmarks.grouped_linear_report OUT.json`` times every grouped
+form torch offers against these (``torch._foreach_mm``, ``torch._grouped_mm``, ``bmm``), at the
+widths of wide towers, eager and under CUDA graphs (``scripts/gpu-run`` runs it). See
+docs/optimus.md, "group_linear and the grouped kernel".
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import sys
-import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -96,92 +91,3 @@ class GroupedLinear:
         outs = self.run(self.gx, self.gw, self.gb)
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         self._sync()
-
-
-# -- the GPU report (run by hand on a GPU machine; nothing here runs in CI) -----------------------
-
-
-def _cuda_ms(fn: Callable[[], Any], iters: int = 50, warmup: int = 5) -> float:
-    """Median of ``iters`` CUDA-event timings of ``fn`` in milliseconds (the harness's sampler:
-    ``warmup`` untimed calls, then exactly ``iters`` samples, each bracketed by CUDA events)."""
-    from harness.measure.timing import time_iterations
-
-    times = time_iterations(fn, warmup=warmup, min_iters=iters, max_iters=iters, budget_s=0.0, device="cuda")
-    return sorted(times)[len(times) // 2]
-
-
-def _time_step(fn: Callable, xs: list, ws: list, bs: list, backward: bool) -> float:
-    """CUDA median ms of one forward (no_grad) or forward+backward of ``fn``."""
-
-    def step() -> None:
-        outs = fn(xs, ws, bs)
-        if backward:
-            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-
-    with torch.enable_grad() if backward else torch.no_grad():
-        return _cuda_ms(step)
-
-
-def gpu_report(
-    groups_list: tuple[int, ...] = (8, 32, 128), dtypes: tuple[str, ...] = ("float32", "bfloat16")
-) -> dict[str, Any]:
-    """Separate linears vs the Triton grouped kernel vs the padded bmm vs Inductor, on CUDA."""
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu-report: no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    rows: list[dict[str, Any]] = []
-    for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
-        for groups in groups_list:
-            shapes = ragged_shapes(groups)
-            for phase in ("forward", "forward_backward"):
-                xs, ws, bs = make_problem(shapes, "cuda", dtype, grad=phase != "forward")
-                variants: dict[str, Callable] = {
-                    v: runner(v, "cuda") for v in ("separate", "padded", "triton")
-                }
-                started = time.perf_counter()
-                compiled = torch.compile(variants["separate"])
-                compiled(xs, ws, bs)
-                variants["inductor"] = compiled
-                compile_s = time.perf_counter() - started
-                ref = [o.float() for o in variants["separate"](xs, ws, bs)]
-                for name, fn in variants.items():
-                    err = max(
-                        float((a.float() - r).abs().max()) for a, r in zip(fn(xs, ws, bs), ref, strict=True)
-                    )
-
-                    ms = _time_step(fn, xs, ws, bs, backward=phase != "forward")
-                    rows.append(
-                        {
-                            "dtype": dtype_name,
-                            "groups": groups,
-                            "phase": phase,
-                            "variant": name,
-                            "median_ms": ms,
-                            "max_abs_err_vs_separate": err,
-                            "compile_s": compile_s if name == "inductor" else None,
-                        }
-                    )
-                    print(json.dumps(rows[-1]), flush=True)
-    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    return {"env": env, "shapes": {g: ragged_shapes(g) for g in groups_list}, "rows": rows}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="grouped-linear GPU report (CUDA only)")
-    parser.add_argument("--gpu-report", metavar="OUT.json", required=True)
-    args = parser.parse_args(argv)
-    report = gpu_report()
-    with open(args.gpu_report, "w") as f:
-        json.dump(report, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

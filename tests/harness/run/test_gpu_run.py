@@ -5,6 +5,7 @@ with the harness's exit codes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -51,6 +52,9 @@ def test_cpu_dry_run_writes_a_results_file_its_report_and_a_log(tmp_path: Path) 
     assert "4/4 cells [" in log and "towers/tiny/eager+optimus/train: ok" in log  # one line per cell
     assert "\r" not in log  # no progress-bar redraws in a log
     assert "gpu-run: sharded NCCL cell skipped: --device cpu: the 2-rank NCCL cell runs on CUDA only" in log
+    grouped = json.loads((out / "grouped-linear.json").read_text())  # the grouped-linear report, one small G
+    assert grouped["complete"] and grouped["config"]["groups"] == [2]
+    assert any(r["variant"] == "foreach_mm" and r.get("median_ms", 0) > 0 for r in grouped["rows"])
     assert "exit 0" in run.stdout.splitlines()[-1]
 
 
@@ -70,6 +74,7 @@ def test_without_cuda_it_is_refused_with_one_line(tmp_path: Path) -> None:
         (("--device", "tpu"), "--device: unknown 'tpu'"),
         (("--limit-s", "0"), "--limit-s: must be a whole number"),
         (("--limit-s", "nan"), "--limit-s: must be a whole number"),
+        (("--grouped-limit-s", "-1"), "--grouped-limit-s: must be a whole number"),
         (("--fast",), "unknown option --fast"),
         ((), "no output folder"),
     ],
@@ -113,8 +118,11 @@ def test_defaults_cover_every_family_in_the_pair_that_fits(tmp_path: Path) -> No
     assert args.modes.split(",") == ["compile", "compile+optimus"] and args.phases == "infer"
     assert set(args.modes.split(",")) <= set(mode_registry.names())
     assert args.out == str(tmp_path / "out" / "gpu-run.json")
+    # then the grouped-linear report on CUDA at every G, under its own limit
+    assert calls[1] == ["-m", "benchmarks.grouped_linear_report", str(tmp_path / "out" / "grouped-linear.json"),
+                        "--device", "cuda", "--limit-s", "40"]  # fmt: skip
     # then the sharded check (python - cuda), which the stand-in passes, so the 2-rank NCCL run follows
-    assert calls[1] == ["-", "cuda"] and len(calls) == 3
-    sharded = cli.build_parser().parse_args(calls[2][2:])
+    assert calls[2] == ["-", "cuda"] and len(calls) == 4
+    sharded = cli.build_parser().parse_args(calls[3][2:])
     assert sharded.nproc == 2 and sharded.device == "cuda" and sharded.phases == "train"
     assert sharded.out == str(tmp_path / "out" / "gpu-run-sharded.json")
