@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from optimus.capture import caller_state, checkpoint_rng, dynamo_watch, sparse_boundary
+from optimus.capture import caller_state, checkpoint_rng, dynamo_watch, numpy_constants, sparse_boundary
 from optimus.capture import export as capture
 from optimus.capture.call_signature import forward_names
 from optimus.capture.codegen_flat import use_flat_codegen
@@ -484,6 +484,12 @@ def capture_and_optimize(
         )
     report.capture = "export"
     report.capture_reason = "torch._dynamo.export captured forward as one graph"
+    held = getattr(gm, numpy_constants.CONSTANTS, ())
+    if held:
+        report.capture_reason += (
+            f", the NumPy arrays {', '.join(h.path for h in held)} held as constants (forward only "
+            "copies them into tensors; each call checks they are unchanged)"
+        )
     if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):
         report.notes.append("verify inputs did not line up with the exported graph's inputs")
     report.graphs = 1

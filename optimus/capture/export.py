@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from optimus.capture import numpy_constants
+
 log = logging.getLogger("optimus")
 
 
@@ -67,13 +69,27 @@ def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:
     effects (``self.last = y``, ``self.log.append(1)``) in bytecode around the graph, which
     export runs once, on FakeTensors, and then drops. ``side_effect_replay_policy="error"``
     makes Dynamo raise at that point instead, before anything runs, naming the mutated objects.
+
+    NumPy array attributes that ``forward`` only copies into tensors are held as constants of the
+    graph (:mod:`optimus.capture.numpy_constants`; the arrays are listed in the graph module's
+    ``_optimus_numpy_constants``); :class:`~optimus.capture.numpy_constants.NotConstant` where
+    such an array may not be one.
     """
     try:
-        with static_shape_guards_skipped(), torch._dynamo.config.patch(side_effect_replay_policy="error"):
+        with (
+            static_shape_guards_skipped(),
+            torch._dynamo.config.patch(side_effect_replay_policy="error"),
+            numpy_constants.held_as_constants(module) as held,
+        ):
             gm, _guards = torch._dynamo.export(module, aten_graph=False, assume_static_by_default=True)(
                 *inputs
             )
+    except numpy_constants.NotConstant:
+        raise
     except Exception as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, numpy_constants.NotConstant):
+            raise cause from exc
         text = str(exc)
         if _SIDE_EFFECTS_MESSAGE in text:
             sources = (
@@ -83,6 +99,7 @@ def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:
             )
             raise SideEffectsInForward(f"forward has Python side effects: {sources}".strip()) from exc
         raise
+    numpy_constants.as_plain_attributes(gm, held)
     return gm
 
 

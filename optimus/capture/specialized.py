@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from optimus.capture import structure_watch
+from optimus.capture import numpy_constants, structure_watch
 from optimus.capture.call_signature import InputSignature, forward_names, mode_sensitive_modules, modes
 from optimus.params import contract as relayout_contract
 
@@ -41,6 +41,7 @@ CHANGED = (
     "the model's parameters, buffers or submodules were replaced since capture (a new object "
     "assigned, load_state_dict(assign=True), a module added or deleted)"
 )
+ARRAYS_CHANGED = "a NumPy array the graph holds as a constant was written or replaced since capture"
 
 Recapture = Callable[[nn.Module, tuple[Any, ...]], Callable[..., Any]]
 
@@ -48,7 +49,13 @@ Recapture = Callable[[nn.Module, tuple[Any, ...]], Callable[..., Any]]
 class CallGuard:
     """What one GraphModule was specialized to, and the other graphs made since."""
 
-    def __init__(self, source: nn.Module, inputs: tuple[Any, ...], recapture: Recapture) -> None:
+    def __init__(
+        self,
+        source: nn.Module,
+        inputs: tuple[Any, ...],
+        recapture: Recapture,
+        arrays: tuple[numpy_constants.HeldArray, ...] = (),
+    ) -> None:
         self.source = source
         self.sensitive = mode_sensitive_modules(source)
         self.modes = modes(self.sensitive)
@@ -66,10 +73,15 @@ class CallGuard:
         # ``epoch`` the count the kept variants were captured at
         self.writes = structure_watch.watch(source)
         self.at = self.epoch = self.writes.count
+        # NumPy arrays the graphs hold as constants (optimus.capture.numpy_constants): a write
+        # or a new array counts as a change of the model (every graph kept is dropped)
+        self.arrays = numpy_constants.ArrayWatch()
+        self.arrays.add(arrays)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a guard pickled before ``known`` held four fields: slow path only
         state["known"] = [k for k in state.get("known", []) if len(k) == 4]
+        state.setdefault("arrays", numpy_constants.ArrayWatch())
         self.__dict__.update(state)
         if "writes" not in state or not isinstance(
             getattr(self.source, "_parameters", None), structure_watch.WatchedDict
@@ -80,6 +92,7 @@ class CallGuard:
     def matches(self, args: tuple[Any, ...]) -> bool:
         return (
             self.writes.same_since(self.at)
+            and self.arrays.same()
             and self.modes == modes(self.sensitive)
             and self.signature.matches(args)
         )
@@ -89,7 +102,7 @@ class CallGuard:
         as :meth:`matches` (None if there is none). Why: a model called with two batch sizes
         (the last, smaller batch of an epoch) would otherwise pay the slow path's signature
         build and dispatch at every such call; it doubled the headroom benchmark's step."""
-        if not self.known or not self.writes.same_since(self.epoch):
+        if not self.known or not self.writes.same_since(self.epoch) or not self.arrays.same():
             return None
         now = modes(self.sensitive)
         for key_modes, signature, graph, _ in self.known:
@@ -109,6 +122,11 @@ class CallGuard:
 
     def dispatch(self, own: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """The slow path: another graph for this call (made now if new), or the eager module."""
+        arrays_changed = not self.arrays.same()
+        if arrays_changed:  # the graphs hold the old values: counted as a change of the model
+            log.info("optimus: NumPy array(s) %s changed since capture", self.arrays.changed())
+            self.arrays.refresh()
+            self.writes.count += 1
         changed = not self.writes.same_since(self.epoch)
         if changed:  # every graph kept reads objects the model no longer holds
             self.at = -1
@@ -121,7 +139,7 @@ class CallGuard:
             return own(*args)
         graph = self.variants.get(key)
         if graph is None:
-            reason = CHANGED if changed else self.why(now, signature)
+            reason = (ARRAYS_CHANGED if arrays_changed else CHANGED) if changed else self.why(now, signature)
             if len(self.reasons) + 1 >= MAX_SPECIALIZATIONS:
                 if not self.warned:
                     self.warned = True
@@ -135,6 +153,7 @@ class CallGuard:
             log.info("optimus: %s; re-optimizing the original module for this call", reason)
             structure_watch.watch(self.source, self.writes)  # submodules added since: watched too
             graph = self.recapture(self.source, args)
+            self.arrays.add(getattr(graph, numpy_constants.CONSTANTS, ()))
             # the capture itself may write the dicts (it restores what forward assigned)
             self.epoch = self.writes.count
             self.variants[key] = graph
@@ -240,7 +259,8 @@ def specialize(
 ) -> fx.GraphModule:
     """Turn ``gm`` (captured from ``source`` on ``inputs``) into a :class:`SpecializedGraphModule`
     in place (same object, attributes and parameters) and return it."""
-    return specialize_with(gm, CallGuard(source, inputs, recapture))
+    arrays = getattr(gm, numpy_constants.CONSTANTS, ())
+    return specialize_with(gm, CallGuard(source, inputs, recapture, arrays))
 
 
 def _unpickle(fn: Callable[..., fx.GraphModule], args: tuple[Any, ...]) -> fx.GraphModule:

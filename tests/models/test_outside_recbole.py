@@ -1,8 +1,8 @@
 """RecBole's context-aware models in the outside corpus (models/outside/recbole_zoo.py):
 optimized, they match eager on a train step and in eval for Inductor.
 
-They reach ``optimize`` on the per-call Dynamo path: each keeps its field offsets as a NumPy
-array that ``forward`` turns into a tensor, and whole-graph export cannot take that input."""
+Each keeps its field offsets as a NumPy array that ``forward`` copies into a tensor; the capture
+holds those arrays as constants (optimus.capture.numpy_constants), so each is one whole graph."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(
         not recbole_zoo.available(), reason="RecBole is not installed (scripts/install-deps PYTHON --dev)"
     ),
-    # Dynamo's code for the offsets' torch.tensor(ndarray) call, on the per-call path
+    # Dynamo's code for the offsets' torch.tensor(ndarray) call
     pytest.mark.filterwarnings("ignore:To copy construct from a tensor:UserWarning"),
 ]
 NAMES = [f"{recbole_zoo.PREFIX}.{name}" for name in recbole_zoo.MODELS]
@@ -25,7 +25,9 @@ NAMES = [f"{recbole_zoo.PREFIX}.{name}" for name in recbole_zoo.MODELS]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_recbole_models_match_eager_on_a_train_step(name: str) -> None:
-    check_train_step(name)
+    found = check_train_step(name)
+    assert found["capture"] == "export", found["capture_reason"]
+    assert "held as constants" in found["capture_reason"]
 
 
 @pytest.mark.parametrize("name", NAMES)
