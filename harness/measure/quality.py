@@ -174,7 +174,7 @@ def judge(
     seeds: Sequence[SeedFigures],
     auc_tol: float = AUC_TOL,
     logloss_rtol: float = LOGLOSS_RTOL,
-    drift_rtol: float = DRIFT_RTOL,
+    drift_rtol: float | None = DRIFT_RTOL,
 ) -> dict[str, Any]:
     """The cell's ``quality`` summary: means over seeds, the worst difference from eager, eager's
     seed-to-seed spread, the largest drift, and ``verdict`` (``ok`` or ``quality_mismatch``) with
@@ -198,7 +198,10 @@ def judge(
     # the loss curve's first: it names the step where training left the reference
     reasons[:0] = [f"seed {seed}: training loss at step {o['step']} is {o['loss']:.7g} vs the reference's "
                    f"{o['reference']:.7g} (relative diff {o['rel_diff']:.2e} > {rtol:g})" for seed, o, rtol in off]  # fmt: skip
-    drifted = [s for s in seeds if s.drift_rel is not None and s.drift_rel > drift_rtol]
+    # drift_rtol None: the drift is recorded, not judged (a sharded cell, harness/run/sharded/quality_rank.py)
+    drifted = [
+        s for s in seeds if drift_rtol is not None and s.drift_rel is not None and s.drift_rel > drift_rtol
+    ]
     reasons += [f"seed {s.seed}: parameter drift {s.drift:.2e} in {s.drift_param} is {s.drift_rel:.2e} of "
                 f"eager's largest move (> {drift_rtol:g})" for s in drifted]  # fmt: skip
     aucs = [s.auc for s in seeds if s.auc is not None]
@@ -237,7 +240,7 @@ def judge(
         "spread_auc": spread_auc,
         "spread_logloss": spread_ll,
         "within_tolerance": within_tolerance,
-        "within_drift": not drifted,
+        "within_drift": not drifted if drift_rtol is not None else None,
         "within_spread": within_spread,
         "drift": max(s.drift for s in seeds),
         "drift_rel": max(rels) if rels else None,

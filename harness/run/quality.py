@@ -148,12 +148,16 @@ def train_seed(
 
 
 def record_verdict(
-    cell: dict[str, Any], figures: list[quality.SeedFigures], cfg: dict[str, Any], against: str
+    cell: dict[str, Any],
+    figures: list[quality.SeedFigures],
+    cfg: dict[str, Any],
+    against: str,
+    drift_rtol: float | None = quality.DRIFT_RTOL,
 ) -> None:
     """The cell's ``quality`` (the run's settings and ``quality.judge``'s summary), its status and,
     for a mismatch, its one-line error naming every reason; ``against``: what the mode trained beside.
     The single-process and the sharded quality cell both end here."""
-    summary = quality.judge(figures)
+    summary = quality.judge(figures, drift_rtol=drift_rtol)
     cell["quality"] = {"steps": int(cfg["quality_steps"]), "heldout_batches": int(cfg["quality_heldout"]),
                        "every": int(cfg["quality_every"]), "lr": float(cfg["quality_lr"]), "optimizer": "SGD",
                        **summary}  # fmt: skip

@@ -16,6 +16,14 @@ held-out logits of every rank are gathered (rank 0 scores AUC and logloss) and t
 drift is read shard by shard against the reference's slices. Rank 0 judges the seeds with the
 single-process cell's ``record_verdict``; the other ranks' records carry their timing and parity.
 
+Why the drift is recorded but not judged here: the ranks reduce in another order than the single
+process (DDP averages two half-batch gradients; the table gradients come back through an
+all-to-all), and training amplifies that rounding in the parameters: dcn medium, 100 steps, ended
+1.26e-4 of the largest move apart (above the single-process rule's 1e-4) with its loss within
+4.1e-6 of the reference's at every step and the same AUC to 6e-8 (results/sharded-quality/). A
+rank that really drifts shows in the loss at once (1.6e-3 on one rank's weights: 7.8e-4 at the
+next step), so the step-by-step loss is the rule, with the held-out AUC and logloss tolerances.
+
 Every rank runs the reference on the whole global batches (as the timing cell does): each one
 then checks its rows of the first step's outputs and its own table shards' drift without moving
 tensors between ranks. Each seed is prepared and sharded afresh (a compiled mode compiles per
@@ -45,7 +53,7 @@ REFERENCE = "single-process eager, whole global batches, SGD on every parameter"
 def _drift(dmp: Any, ref: Any, start: dict[str, Any]) -> dict[str, Any]:
     """``quality.parameter_drift`` of this rank's table shards (against the same slices of the
     reference's tables) and of its dense parameters by name (Optimus's re-laid-out parameters
-    have other names: their drift shows in the loss curve)."""
+    have other names: their drift shows in the loss curve), over the reference's largest move."""
     import torch
 
     ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
@@ -67,6 +75,11 @@ def _drift(dmp: Any, ref: Any, start: dict[str, Any]) -> dict[str, Any]:
         if name.startswith(("sparse.", "dense.")) and v.is_floating_point():
             mine[name], eager[name], begin[name] = v, ref_state[name], start[name]
     out = quality.parameter_drift(mine, eager, begin)
+    # how far training moved the reference, over all its parameters (the same on every rank and
+    # in every mode: the drift of a mode whose re-laid-out parameters are not compared by name
+    # reads against the same move)
+    out["moved"] = max((cell.max_err(ref_state[k], v) for k, v in start.items() if v.is_floating_point()),
+                       default=0.0)  # fmt: skip
     out["compared"] = len(mine)
     return out
 
@@ -212,7 +225,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: rankmod.Prog
     cell.record_compile_time(rec, float(rec.get("prepare_s") or 0.0), rec["first_call_s"],
                              mode_registry.get(spec["mode"]).compiled)  # fmt: skip
     if figures and rec["status"] == "ok":
-        single.record_verdict(rec, figures, cfg, "the single-process reference")
+        single.record_verdict(rec, figures, cfg, "the single-process reference", drift_rtol=None)
         rec["quality"]["reference"] = REFERENCE
         rec["quality"]["seeds_run"] = len(figures)
     rec["loadavg_1m"] = os.getloadavg()[0]

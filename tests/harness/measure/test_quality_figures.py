@@ -117,3 +117,11 @@ def test_a_loss_curve_off_the_reference_fails_first_in_the_reasons() -> None:
     assert "relative diff 2.00e-04 > 0.0001" in bad["reasons"][0]
     assert len(bad["reasons"]) == 2 and bad["reasons"][1].startswith("seed 1: parameter drift")
     assert "within_curve" not in quality.judge(_eager_seeds())  # no step-by-step check: no such figure
+
+
+def test_a_drift_recorded_but_not_judged() -> None:
+    """``drift_rtol=None`` (a sharded cell): a drift past the rule is a figure, not a reason."""
+    seeds = [_seed(0, drift=0.02, drift_rel=2e-4)]
+    got = quality.judge(seeds, drift_rtol=None)
+    assert got["verdict"] == "ok" and got["within_drift"] is None and got["drift_rel"] == 2e-4
+    assert quality.judge(seeds)["verdict"] == "quality_mismatch"
