@@ -110,7 +110,8 @@ class RunConfig:
     # (rules for eager+optimus, off for compile+optimus: harness/modes/builtin.py:optimus_guard)
     optimus_guard: str | None = None
     # > 0: a training-quality run (harness/run/quality.py): each cell trains this many steps per seed
-    # instead of timing, over ``quality_seeds`` seeds from ``seed`` on, and is judged against eager.
+    # instead of timing, over ``quality_seeds`` seeds from ``seed`` on, and is judged against eager
+    # (with nproc > 1, harness/run/sharded/quality_rank.py: against the single-process reference).
     quality_steps: int = 0
     quality_seeds: int = 3
     quality_every: int = 10  # the loss curve: mean training loss per window of this many steps
@@ -181,8 +182,6 @@ class RunConfig:
             raise ValueError(
                 f"phases: a quality run trains, so its phases are train only, got {','.join(self.phases)}"
             )
-        if self.nproc != 1:
-            raise ValueError("nproc: a quality run is single-process (sharded quality cells are not built)")
         if check_provider and not provider.accepts_overrides(provider.load(self.provider)):
             raise ValueError(
                 f"provider: {self.provider} takes no overrides=; a quality run asks the builder for "

@@ -20,6 +20,13 @@ end, here:
   rounding alone (compile, Optimus) drifts about 1e-6 of training's largest move over 300 steps
   (results/quality-tiny/), so ``DRIFT_RTOL`` = 1e-4 leaves it two orders of magnitude.
 
+- **loss curve**, where the cell compares it step by step (a sharded cell, against the
+  single-process reference that trains the same global batches): the training loss at every
+  step within ``CURVE_RTOL`` (relative) of the reference's. Why only there: the ranks and the
+  reference compute the same sums in another order, so their losses agree to rounding, and a
+  rank that drifted shows in the loss at once (the ``drift`` fault, ``harness/run/sharded/faults.py``);
+  a single-process mode's loss is read through the drift rule instead.
+
 A cell that fails any is ``quality_mismatch`` (``harness.spec.STATUSES``), which ``compare``
 counts as lost data.
 """
@@ -34,6 +41,7 @@ from typing import Any
 AUC_TOL = 1e-3  # absolute difference of held-out AUC from eager's
 LOGLOSS_RTOL = 1e-3  # relative difference of held-out logloss from eager's
 DRIFT_RTOL = 1e-4  # largest parameter difference from eager's over the largest distance eager moved one
+CURVE_RTOL = 1e-4  # training loss at every step against the reference's, relative (where checked)
 
 
 def auc_per_task(logits: Any, labels: Any) -> list[float | None]:
@@ -105,6 +113,23 @@ def parameter_drift(
     }
 
 
+def loss_check(
+    losses: Sequence[float], reference: Sequence[float], rtol: float = CURVE_RTOL
+) -> dict[str, Any]:
+    """The training loss step by step against the reference's: the largest relative difference,
+    its step (1-based), and the first step past ``rtol`` (None when every step is within)."""
+    if len(losses) != len(reference):
+        raise ValueError(f"losses: {len(losses)} steps against {len(reference)} of the reference")
+    worst, at, first_off = 0.0, None, None
+    for i, (a, r) in enumerate(zip(losses, reference, strict=True), start=1):
+        rel = abs(a - r) / max(abs(r), 1e-12) if math.isfinite(a) else math.inf
+        if rel > worst or at is None:
+            worst, at = rel, i
+        if rel > rtol and first_off is None:
+            first_off = {"step": i, "loss": a, "reference": r, "rel_diff": rel}
+    return {"rtol": rtol, "max_rel_diff": worst, "at_step": at, "first_off": first_off}
+
+
 @dataclass
 class SeedFigures:
     """One seed of a quality cell: the mode and its eager copy, trained on the same batches."""
@@ -121,6 +146,7 @@ class SeedFigures:
     auc_per_task: list[float | None] = field(default_factory=list)
     curve: list[list[float]] = field(default_factory=list)
     eager_curve: list[list[float]] = field(default_factory=list)
+    loss_check: dict[str, Any] | None = None  # ``loss_check``'s figures, where the cell compares steps
 
     @property
     def auc_diff(self) -> float | None:
@@ -148,7 +174,7 @@ def judge(
     seeds: Sequence[SeedFigures],
     auc_tol: float = AUC_TOL,
     logloss_rtol: float = LOGLOSS_RTOL,
-    drift_rtol: float = DRIFT_RTOL,
+    drift_rtol: float | None = DRIFT_RTOL,
 ) -> dict[str, Any]:
     """The cell's ``quality`` summary: means over seeds, the worst difference from eager, eager's
     seed-to-seed spread, the largest drift, and ``verdict`` (``ok`` or ``quality_mismatch``) with
@@ -167,7 +193,15 @@ def judge(
             reasons.append(f"seed {s.seed}: logloss {s.logloss:.5f} vs eager {s.eager_logloss:.5f} "
                            f"(relative diff {s.logloss_rel_diff:.2e} > {logloss_rtol:g})")  # fmt: skip
     within_tolerance = not reasons
-    drifted = [s for s in seeds if s.drift_rel is not None and s.drift_rel > drift_rtol]
+    checks = [(s.seed, s.loss_check) for s in seeds if s.loss_check]
+    off = [(seed, c["first_off"], c["rtol"]) for seed, c in checks if c["first_off"]]
+    # the loss curve's first: it names the step where training left the reference
+    reasons[:0] = [f"seed {seed}: training loss at step {o['step']} is {o['loss']:.7g} vs the reference's "
+                   f"{o['reference']:.7g} (relative diff {o['rel_diff']:.2e} > {rtol:g})" for seed, o, rtol in off]  # fmt: skip
+    # drift_rtol None: the drift is recorded, not judged (a sharded cell, harness/run/sharded/quality_rank.py)
+    drifted = [
+        s for s in seeds if drift_rtol is not None and s.drift_rel is not None and s.drift_rel > drift_rtol
+    ]
     reasons += [f"seed {s.seed}: parameter drift {s.drift:.2e} in {s.drift_param} is {s.drift_rel:.2e} of "
                 f"eager's largest move (> {drift_rtol:g})" for s in drifted]  # fmt: skip
     aucs = [s.auc for s in seeds if s.auc is not None]
@@ -185,8 +219,13 @@ def judge(
     starts = [s.eager_auc_start for s in seeds if s.eager_auc_start is not None]
     auc_diffs = [s.auc_diff for s in seeds if s.auc_diff is not None]
     rels = [s.drift_rel for s in seeds if s.drift_rel is not None]
+    curve: dict[str, Any] = {}
+    if checks:
+        curve = {"curve_rtol": checks[0][1]["rtol"], "within_curve": not off,
+                 "loss_rel_diff": max(c["max_rel_diff"] for _, c in checks)}  # fmt: skip
     return {
         "verdict": "quality_mismatch" if reasons else "ok",
+        **curve,
         "reasons": reasons,
         "auc_tol": auc_tol,
         "logloss_rtol": logloss_rtol,
@@ -201,7 +240,7 @@ def judge(
         "spread_auc": spread_auc,
         "spread_logloss": spread_ll,
         "within_tolerance": within_tolerance,
-        "within_drift": not drifted,
+        "within_drift": not drifted if drift_rtol is not None else None,
         "within_spread": within_spread,
         "drift": max(s.drift for s in seeds),
         "drift_rel": max(rels) if rels else None,

@@ -51,24 +51,29 @@ def _load_weights(targets: dict[str, Any], source: Any) -> None:
                 targets[name].copy_(t)
 
 
-def _heldout_scores(b: Any, module: Any, batches: list[Any]) -> tuple[list[float | None], float]:
-    """(AUC per task, logloss) of ``module`` on the held-out batches, scored with the forward it
-    trained with: train mode, grad enabled, the autograd graph dropped with each batch. Why not
-    eval mode under ``no_grad``: it is another graph for a compiled mode (one more compile per
-    cell), and switching compile+optimus to eval re-captures the Optimus module, which
+def heldout_logits(module: Any, batches: list[Any]) -> tuple[Any, Any]:
+    """(logits, labels) of ``module`` over ``batches``, scored with the forward it trained with:
+    train mode, grad enabled, the autograd graph dropped with each batch. Why not eval mode under
+    ``no_grad``: it is another graph for a compiled mode (one more compile per cell), and
+    switching compile+optimus to eval re-captures the Optimus module, which
     ``torch.compile(fullgraph=True)`` cannot trace (it stops with Optimus's reason; found by the
-    first quality run). The families
-    have no dropout or batch norm, so both forwards compute the same; a provider's model with
-    dropout would be scored with it on."""
+    first quality run). The families have no dropout or batch norm, so both forwards compute the
+    same; a provider's model with dropout would be scored with it on. A sharded rank calls it
+    with its share of the held-out batches and gathers both (``harness.run.sharded.quality_rank``)."""
     import torch
 
     with torch.enable_grad():
         logits = torch.cat([module(*batch.inputs).detach().float() for batch in batches])
-    labels = torch.cat([batch.labels for batch in batches])
+    return logits, torch.cat([batch.labels for batch in batches])
+
+
+def heldout_scores(logits: Any, labels: Any) -> tuple[list[float | None], float]:
+    """(AUC per task, logloss) of held-out logits."""
     return quality.auc_per_task(logits, labels), quality.logloss(logits, labels)
 
 
-def _params(module: Any) -> dict[str, Any]:
+def params(module: Any) -> dict[str, Any]:
+    """Parameters by name, compile's wrapper prefix stripped (names match eager's)."""
     return {cellmod._param_name(n): p for n, p in module.named_parameters()}
 
 
@@ -98,8 +103,8 @@ def train_seed(
     train, held = batches[:steps], batches[steps : steps + heldout]
     eager = b.module
     _load_weights(targets, eager)
-    start = {n: p.detach().clone() for n, p in _params(eager).items()}
-    start_tasks, _ = _heldout_scores(b, eager, held)  # untrained: how far training lifts AUC
+    start = {n: p.detach().clone() for n, p in params(eager).items()}
+    start_tasks, _ = heldout_scores(*heldout_logits(eager, held))  # untrained: how far training lifts AUC
     module.train()
     eager.train()
     forward = cellmod.forward_fn(b, True)
@@ -121,10 +126,10 @@ def train_seed(
         with torch.no_grad():
             losses.append(float(b.loss(out.detach().float(), batch.labels)))
             eager_losses.append(float(b.loss(ref.detach().float(), batch.labels)))
-    auc_tasks, ll = _heldout_scores(b, module, held)
-    eager_tasks, eager_ll = _heldout_scores(b, eager, held)
+    auc_tasks, ll = heldout_scores(*heldout_logits(module, held))
+    eager_tasks, eager_ll = heldout_scores(*heldout_logits(eager, held))
     mode_params = {n: targets[n] for n in start if n in targets}
-    drift = quality.parameter_drift(mode_params, _params(eager), start)
+    drift = quality.parameter_drift(mode_params, params(eager), start)
     figures = quality.SeedFigures(
         seed=seed,
         auc=quality.mean_auc(auc_tasks),
@@ -140,6 +145,25 @@ def train_seed(
         eager_curve=quality.loss_curve(eager_losses, every),
     )
     return figures, times, None
+
+
+def record_verdict(
+    cell: dict[str, Any],
+    figures: list[quality.SeedFigures],
+    cfg: dict[str, Any],
+    against: str,
+    drift_rtol: float | None = quality.DRIFT_RTOL,
+) -> None:
+    """The cell's ``quality`` (the run's settings and ``quality.judge``'s summary), its status and,
+    for a mismatch, its one-line error naming every reason; ``against``: what the mode trained beside.
+    The single-process and the sharded quality cell both end here."""
+    summary = quality.judge(figures, drift_rtol=drift_rtol)
+    cell["quality"] = {"steps": int(cfg["quality_steps"]), "heldout_batches": int(cfg["quality_heldout"]),
+                       "every": int(cfg["quality_every"]), "lr": float(cfg["quality_lr"]), "optimizer": "SGD",
+                       **summary}  # fmt: skip
+    cell["status"] = summary["verdict"]
+    if summary["reasons"]:
+        cell["error"] = f"quality differs from {against}: " + "; ".join(summary["reasons"])
 
 
 def run_quality_cell(spec: dict[str, Any], prepare: Prepare | None = None) -> dict[str, Any]:
@@ -207,12 +231,7 @@ def run_quality_cell(spec: dict[str, Any], prepare: Prepare | None = None) -> di
     cellmod.record_compile_time(
         cell, prepared.prepare_s, cell["first_call_s"], mode_registry.get(key.mode).compiled
     )
-    summary = quality.judge(figures)
-    cell["quality"] = {"steps": steps, "heldout_batches": heldout, "every": every, "lr": lr,
-                       "optimizer": "SGD", **summary}  # fmt: skip
-    cell["status"] = summary["verdict"]
-    if summary["reasons"]:
-        cell["error"] = "quality differs from eager: " + "; ".join(summary["reasons"])
+    record_verdict(cell, figures, cfg, "eager")
     return cell
 
 

@@ -8,6 +8,9 @@ planner that cannot place the tables) is only trusted if tests can make it happe
     OPTIMUS_BENCH_FAULT=oom:rank1:step2    rank 1 asks the allocator for 2**60 bytes at step 2
     OPTIMUS_BENCH_FAULT=skew:rank1         rank 1's dense weights are nudged after sharding (a rank
                                            that diverged: its parity must fail)
+    OPTIMUS_BENCH_FAULT=drift:rank1:step1  rank 1's dense weights drift by DRIFT (1.6e-3) at the start
+                                           of step 1, after one optimizer step (a drift the ranks'
+                                           parity and a quality cell's loss curve must both catch)
     OPTIMUS_BENCH_FAULT=planner_fail       the planner gets 1 KiB per rank (harness.run.sharded.plan)
 
 Steps count every step of the rank from 0: the first (compile) call is step 0, then the
@@ -25,7 +28,8 @@ from typing import Any
 
 from harness.run.sharded.plan import FAULT_ENV
 
-KINDS = ("kill", "hang", "oom", "skew")
+KINDS = ("kill", "hang", "oom", "skew", "drift")
+DRIFT = 1.6e-3  # the drift of the ``drift`` fault: what one training step left on dcn tiny once
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,10 @@ def parse(text: str | None = None) -> Fault | None:
     raw = (os.environ.get(FAULT_ENV, "") if text is None else text).strip()
     if not raw or raw == "planner_fail":
         return None
-    m = re.fullmatch(r"(kill|hang|oom|skew):rank(\d+)(?::step(\d+))?", raw)
+    m = re.fullmatch(r"(kill|hang|oom|skew|drift):rank(\d+)(?::step(\d+))?", raw)
     if m is None:
         raise ValueError(
-            f"{FAULT_ENV}: {raw!r} is not kill|hang|oom|skew:rankR[:stepN] or planner_fail (harness/run/sharded/faults.py)"
+            f"{FAULT_ENV}: {raw!r} is not kill|hang|oom|skew|drift:rankR[:stepN] or planner_fail (harness/run/sharded/faults.py)"
         )
     return Fault(m.group(1), int(m.group(2)), int(m.group(3) or 1))
 
@@ -73,4 +77,18 @@ def skew(fault: Fault | None, rank: int, module: Any) -> bool:
     with torch.no_grad():
         for p in module.dense.parameters():
             p.add_(1e-2)
+    return True
+
+
+def drift(fault: Fault | None, rank: int, step: int, module: Any) -> bool:
+    """The ``drift`` fault: add ``DRIFT`` to every dense parameter of this rank at the start of
+    ``step`` (after the optimizer steps before it, so the first step's outputs still match and
+    only what training does afterwards can show it). True when it fired."""
+    if fault is None or fault.kind != "drift" or fault.rank != rank or fault.step != step:
+        return False
+    import torch
+
+    with torch.no_grad():
+        for p in module.dense.parameters():
+            p.add_(DRIFT)
     return True

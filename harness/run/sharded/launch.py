@@ -44,6 +44,7 @@ def plan_for(config: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 RANK_MODULE = "harness.run.sharded.rank"
+QUALITY_RANK_MODULE = "harness.run.sharded.quality_rank"  # a quality run's cell (``run --quality``)
 
 
 def torchrun_cmd(nproc: int, spec_path: Path, out_dir: Path, module: str = RANK_MODULE) -> list[str]:
@@ -132,11 +133,13 @@ def run_sharded(
     pg_timeout = float(config.get("pg_timeout_s") or DEFAULT_PG_TIMEOUT_S)
     spec = {"model": key.model, "scale": key.scale, "mode": key.mode, "phase": key.phase,
             "config": {**config, "pg_timeout_s": pg_timeout}, "plan": plan_doc}  # fmt: skip
-    job = run_job(spec, nproc, config, timeout_s, key.label())
+    module = QUALITY_RANK_MODULE if config.get("quality_steps") else RANK_MODULE
+    job = run_job(spec, nproc, config, timeout_s, key.label(), module)
     recs, prog, log_text, rc, timed_out = job.recs, job.prog, job.log_text, job.rc, job.timed_out
     cell["wall_s"] = time.perf_counter() - t0
     cell["finished_at"] = time.time()
-    all_done = len(recs) == nproc and all(r.get("status") in ("ok", "mismatch") for r in recs.values())
+    finished = ("ok", "mismatch", "quality_mismatch")
+    all_done = len(recs) == nproc and all(r.get("status") in finished for r in recs.values())
     if all_done and not timed_out:
         merge.merge(cell, recs, nproc)
         if rc != 0:

@@ -114,7 +114,8 @@ def diagnose(
 
 
 def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> dict[str, Any]:
-    """Fill ``cell`` from the records of all ``nproc`` ranks (all present and ok or mismatch)."""
+    """Fill ``cell`` from the records of all ``nproc`` ranks (all present, and ok, mismatch or, in a
+    quality cell, quality_mismatch)."""
     ranks = [recs[r] for r in range(nproc)]
     lists = [r["latency_ms"]["samples"] for r in ranks]
     n = min(len(s) for s in lists)
@@ -137,7 +138,7 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
             cell[name] = first[name]
     par = [r.get("parity") or {} for r in ranks]
     cell["parity"] = {
-        "reference": "single-process eager, whole batches",
+        "reference": par[0].get("reference") or "single-process eager, whole batches",
         "atol": par[0].get("atol"),
         "rtol": par[0].get("rtol"),
         "ranks_compared": nproc,
@@ -152,9 +153,13 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
             if any(k in p for p in par)
         },
     }
+    if first.get("quality") is not None:  # a quality cell: rank 0 judged the gathered figures
+        cell["quality"] = first["quality"]
     bad = [r for r in ranks if r.get("status") != "ok"]
     if bad:
-        cell["status"] = "mismatch"
+        # a rank that differs from the reference outright outranks a loss curve that drifted
+        worst = "mismatch" if any(r.get("status") == "mismatch" for r in bad) else "quality_mismatch"
+        cell["status"] = worst
         cell["error"] = "; ".join(f"rank {r['rank']}: {r.get('error')}" for r in bad)[:1000]
     else:
         cell["status"] = "ok"

@@ -239,6 +239,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     def before(n: int) -> None:
         progress.set(step=n)
         faults.fire(fault, rank, n)
+        if faults.drift(fault, rank, n, dmp.module):
+            rec["fault"] = "drift"
 
     forward = cell.forward_fn(b, train)  # the single-process cell's step, loss and backward
     step = cell.step_fn(dmp, local, optimizer, forward, before)

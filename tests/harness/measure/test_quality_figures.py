@@ -90,3 +90,38 @@ def test_loss_curve_and_drift() -> None:
     got = quality.parameter_drift(mode, eager, start)
     assert got["drift_param"] == "b" and got["drift"] == pytest.approx(0.03)
     assert got["moved"] == pytest.approx(2.0) and got["drift_rel"] == pytest.approx(0.015)
+
+
+def test_the_loss_check_names_the_first_step_past_its_tolerance() -> None:
+    ref = [0.70, 0.69, 0.68, 0.67]
+    same = quality.loss_check([x * (1 + 5e-5) for x in ref], ref)
+    assert same["first_off"] is None and same["max_rel_diff"] == pytest.approx(5e-5)
+    off = quality.loss_check([0.70, 0.69 * (1 + 2e-4), 0.68 * (1 + 3e-4), 0.67], ref)
+    assert off["first_off"]["step"] == 2 and off["first_off"]["rel_diff"] == pytest.approx(2e-4)
+    assert off["at_step"] == 3 and off["max_rel_diff"] == pytest.approx(3e-4)
+    assert quality.loss_check([float("nan")], [0.7])["first_off"]["step"] == 1
+    with pytest.raises(ValueError, match="2 steps against 1"):
+        quality.loss_check([0.7, 0.6], [0.7])
+
+
+def test_a_loss_curve_off_the_reference_fails_first_in_the_reasons() -> None:
+    """Seed 0's loss 2e-4 off at step 2 fails the curve rule, seed 1 the drift rule: the curve's
+    reason comes first (it says where training left the reference)."""
+    ref = [0.70, 0.69, 0.68]
+    ok = quality.judge([_seed(0, loss_check=quality.loss_check(ref, ref))])
+    assert ok["verdict"] == "ok" and ok["within_curve"] is True and ok["loss_rel_diff"] == 0.0
+    bad = quality.judge([_seed(0, loss_check=quality.loss_check([0.70, 0.69 * (1 + 2e-4), 0.68], ref)),
+                         _seed(1, drift=0.02, drift_rel=2e-4)])  # fmt: skip
+    assert bad["verdict"] == "quality_mismatch" and bad["within_curve"] is False
+    assert bad["reasons"][0].startswith("seed 0: training loss at step 2 is 0.690138 vs the reference's 0.69")
+    assert "relative diff 2.00e-04 > 0.0001" in bad["reasons"][0]
+    assert len(bad["reasons"]) == 2 and bad["reasons"][1].startswith("seed 1: parameter drift")
+    assert "within_curve" not in quality.judge(_eager_seeds())  # no step-by-step check: no such figure
+
+
+def test_a_drift_recorded_but_not_judged() -> None:
+    """``drift_rtol=None`` (a sharded cell): a drift past the rule is a figure, not a reason."""
+    seeds = [_seed(0, drift=0.02, drift_rel=2e-4)]
+    got = quality.judge(seeds, drift_rtol=None)
+    assert got["verdict"] == "ok" and got["within_drift"] is None and got["drift_rel"] == 2e-4
+    assert quality.judge(seeds)["verdict"] == "quality_mismatch"

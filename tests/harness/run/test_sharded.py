@@ -145,6 +145,23 @@ def test_parity_data_parallel_ok_and_a_skewed_rank_is_a_mismatch(
     assert _marked(mark) == []
 
 
+def test_a_rank_that_drifted_by_one_step_fails_the_parity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's dense weights move by 1.6e-3 (the drift once seen on dcn tiny after one step)
+    after the first training step: the outputs of the next parity step differ on that rank, and
+    on its peer the step after (the drifted gradients reach it through DDP)."""
+    monkeypatch.setenv(planmod.FAULT_ENV, "drift:rank1:step1")
+    doc = _run(tmp_path, _cfg(models=["dcn"], phases=["train"]), "drift.json")
+    bad = doc["cells"][0]
+    assert bad["status"] == "mismatch"
+    r0, r1 = bad["ranks"]
+    assert r1["error"].startswith("step 1 outputs differ from the single-process eager run")
+    assert r1["parity"]["max_param_err"] > 1e-3
+    # rank 0 follows a step later: DDP averaged rank 1's gradients into its step-1 update
+    assert r0["error"].startswith("step 2 outputs differ from the single-process eager run")
+
+
 # ---- faults: each ends within its timeout, with the rank and the reason, nothing left ------
 
 
@@ -264,6 +281,7 @@ def test_plan_json_round_trip_and_shards() -> None:
 def test_fault_spec_parsing() -> None:
     assert faults.parse("kill:rank1:step3") == faults.Fault("kill", 1, 3)
     assert faults.parse("hang:rank0") == faults.Fault("hang", 0, 1)
+    assert faults.parse("drift:rank1:step1") == faults.Fault("drift", 1, 1)
     assert faults.parse("") is None and faults.parse("planner_fail") is None
     with pytest.raises(ValueError, match="OPTIMUS_BENCH_FAULT"):
         faults.parse("explode:rank1")
