@@ -10,6 +10,7 @@ the learning (the loss falls) and any departure (a second panel: the mode's loss
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,14 @@ def section(doc: dict[str, Any]) -> str:
 
 
 def _mean_curve(seeds: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """Steps and the mean over seeds of the loss at each curve point."""
+    """Steps and the mean over seeds of the loss at each curve point (a diverged seed's null
+    losses read as NaN, which the plot leaves a gap for)."""
     curves = [s[key] for s in seeds if s.get(key)]
     n = min(len(c) for c in curves)
     steps = [curves[0][i][0] for i in range(n)]
-    return steps, [sum(c[i][1] for c in curves) / len(curves) for i in range(n)]
+    return steps, [
+        sum(math.nan if c[i][1] is None else c[i][1] for c in curves) / len(curves) for i in range(n)
+    ]
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path:

@@ -85,7 +85,9 @@ class Latency(BaseModel):
     n: int | None = None
 
 
-CurvePoint = Annotated[list[float], Field(min_length=2, max_length=2)]
+# A diverged training's losses are NaN, written as null (``harness.run.cell.finite``): a quality
+# cell records what it saw and says ``quality_mismatch``; it must never fail the results file.
+CurvePoint = Annotated[list[float | None], Field(min_length=2, max_length=2)]
 
 
 class QualitySeed(BaseModel):
@@ -95,10 +97,12 @@ class QualitySeed(BaseModel):
 
     seed: int
     auc: float | None = Field(description="held-out AUC of the mode's model (mean over tasks)")
-    logloss: float = Field(description="held-out logloss of the mode's model")
+    logloss: float | None = Field(
+        description="held-out logloss of the mode's model (null: not finite, diverged)"
+    )
     eager_auc: float | None = Field(description="held-out AUC of the eager copy")
-    eager_logloss: float
-    drift: float = Field(description="largest |parameter - eager's| after training")
+    eager_logloss: float | None
+    drift: float | None = Field(description="largest |parameter - eager's| after training (null: not finite)")
     drift_rel: float | None = Field(description="drift over the largest distance an eager parameter moved")
     curve: list[CurvePoint] = Field(description="[step, mean training loss of the window ending there], ...")
     eager_curve: list[CurvePoint]
@@ -117,13 +121,13 @@ class Quality(BaseModel):
     auc: float | None
     eager_auc: float | None
     eager_auc_start: float | None = Field(default=None, description="eager's held-out AUC before training")
-    logloss: float
-    eager_logloss: float
+    logloss: float | None = Field(description="null: not finite (a seed diverged)")
+    eager_logloss: float | None
     auc_diff: float | None = Field(description="largest |AUC - eager's| over seeds")
-    logloss_rel_diff: float = Field(description="largest |logloss - eager's| / eager's over seeds")
+    logloss_rel_diff: float | None = Field(description="largest |logloss - eager's| / eager's over seeds")
     spread_auc: float | None = Field(description="eager's AUC, max - min over seeds (null: one seed)")
     spread_logloss: float | None
-    drift: float
+    drift: float | None
     seeds: list[QualitySeed] = Field(min_length=1)
 
 

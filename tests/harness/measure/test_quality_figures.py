@@ -125,3 +125,32 @@ def test_a_drift_recorded_but_not_judged() -> None:
     got = quality.judge(seeds, drift_rtol=None)
     assert got["verdict"] == "ok" and got["within_drift"] is None and got["drift_rel"] == 2e-4
     assert quality.judge(seeds)["verdict"] == "quality_mismatch"
+
+
+def test_a_diverged_seed_is_a_quality_mismatch_the_results_file_keeps() -> None:
+    """A mode whose training diverges has a NaN logloss and NaN losses in its curve. The cell
+    writes them as null (``cell.finite``), says quality_mismatch, and the results file validates:
+    one diverged cell must not take the run's other cells with it."""
+    from harness.run import cell as cellmod
+    from harness.run.quality import record_verdict
+    from harness.store import results
+    from tests.harness import synthetic
+
+    nan = float("nan")
+    seeds = _eager_seeds()
+    seeds[0] = dataclasses.replace(seeds[0], logloss=nan, drift=nan, curve=[[10.0, 0.6], [20.0, nan]],
+                                   eager_curve=[[10.0, 0.6], [20.0, 0.5]])  # fmt: skip
+    rec = synthetic.cell("dcn", "eager+optimus", "train", 1.0, seed=0)
+    cfg = {"quality_steps": 20, "quality_heldout": 4, "quality_every": 10, "quality_lr": 0.5}
+    record_verdict(rec, seeds, cfg, "eager")
+    assert rec["status"] == "quality_mismatch" and "seed 0: logloss nan" in rec["error"]
+    doc = synthetic.doc([cellmod.finite(rec)])
+    checked = results.validate(doc, "diverged.json")
+    q = checked["cells"][0]["quality"]
+    assert q["logloss"] is None and q["seeds"][0]["curve"][1] == [20.0, None]
+    from harness.report import quality as quality_report
+
+    section = quality_report.section(checked)  # the report reads it too
+    assert "| eager+optimus |" in section and "**quality_mismatch**" in section
+    steps, losses = quality_report._mean_curve(q["seeds"], "curve")
+    assert steps == [10.0, 20.0] and losses[1] != losses[1]  # NaN: a gap in the plot
