@@ -1,7 +1,10 @@
-"""The report's section on sharded cells: ranks, plan, per-rank and slowest-rank figures.
+"""The report's section on sharded cells: ranks, plan, per-rank and slowest-rank figures, and
+where a training step goes.
 
 Why its own table: the ordinary grids show one figure per cell (for a sharded cell: the
 slowest rank's step); a straggler, a lopsided plan or one rank's memory only shows per rank.
+Why the step split: what a dense-arch optimizer can win in a sharded training step is bounded
+by the dense parts of it (docs/sharded.md, "Where the step goes").
 """
 
 from __future__ import annotations
@@ -49,4 +52,42 @@ def section(doc: dict[str, Any]) -> str:
             f"| {CellKey.of(c).label()} | {c.get('nproc')} | {c.get('sharding')} | {c.get('plan_summary') or '-'} "
             f"| {status} | {_ms(c.get('latency_ms'))} | {per} | {comp} | {mem} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + split_table(cells)) + "\n"
+
+
+# (column heading, step_split_ms key): harness/measure/step_split.py's components
+SPLIT_COLUMNS = (
+    ("sparse", "sparse"),
+    ("dense fwd", "dense_forward"),
+    ("dense bwd", "dense_backward"),
+    ("all-reduce", "allreduce"),
+    ("optimizer", "optimizer"),
+    ("hand-off", "handoff"),
+    ("other", "other"),
+)
+
+
+def split_table(cells: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: the step split of every cell that has one (training cells); none else."""
+    split = [c for c in cells if c.get("step_split_ms")]
+    if not split:
+        return []
+    heads = " | ".join(h for h, _ in SPLIT_COLUMNS)
+    lines = [
+        "",
+        "### Where the step goes\n",
+        "Profiled training steps after the timed ones, ms (median over the steps) on the rank with the "
+        "longest profiled step; the parts sum to the profiled step up to the steps' spread. Optimus can "
+        "change dense fwd, dense bwd and hand-off; not sparse, the all-reduce's volume or the optimizer "
+        "(docs/sharded.md). gloo busy: the all-reduce on gloo's own thread, overlapping the backward.\n",
+        f"| cell | rank | profiled step | {heads} | gloo busy |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in SPLIT_COLUMNS) + " | --- |",
+    ]
+    for c in split:
+        s = c["step_split_ms"]
+        parts = " | ".join(f"{float(s.get(k) or 0.0):.2f}" for _, k in SPLIT_COLUMNS)
+        lines.append(
+            f"| {CellKey.of(c).label()} | {c.get('step_split_rank', '-')} | {float(s['step']):.2f} | {parts} "
+            f"| {float(s.get('allreduce_busy') or 0.0):.2f} |"
+        )
+    return lines

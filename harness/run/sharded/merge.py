@@ -165,11 +165,16 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
         cell["status"] = "ok"
         cell["error"] = None
     cell["ranks"] = [_rank_entry(r) for r in ranks]
+    splits = [r for r in ranks if r.get("step_split_ms")]
+    if splits:  # the slowest rank's, as the latency: the others wait for it inside the collectives
+        slow = max(splits, key=lambda r: r["step_split_ms"]["step"])
+        cell["step_split_ms"] = slow["step_split_ms"]
+        cell["step_split_rank"] = slow["rank"]
     return cell
 
 
 def _rank_entry(r: dict[str, Any]) -> dict[str, Any]:
     keep = ("rank", "status", "error", "latency_ms", "first_call_s", "compile_s", "prepare_s", "graphs",
             "recompiles", "graph_breaks", "peak_mem_bytes", "peak_mem_static_bytes", "peak_mem_step_bytes",
-            "peak_mem_at", "max_abs_err", "parity", "shard", "build_s", "loadavg_1m")  # fmt: skip
+            "peak_mem_at", "max_abs_err", "parity", "shard", "build_s", "loadavg_1m", "step_split_ms")  # fmt: skip
     return {k: r.get(k) for k in keep}

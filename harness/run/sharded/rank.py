@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.measure import memory, timing
+from harness.measure import memory, step_split, timing
 from harness.modes import builtin, mode_registry
 from harness.run import cell
 from harness.run.sharded import data, faults
@@ -63,16 +63,22 @@ def _ordered_forward(names: list[str]) -> Callable[..., Any]:
     """RecModel.forward with the pooled features in the model's own order.
 
     A sharded EBC returns its KeyedTensor grouped by shard (table-wise over 2 ranks: f0, f2,
-    f1, f3), so ``.values()`` would feed the dense arch columns in another order."""
+    f1, f3), so ``.values()`` would feed the dense arch columns in another order. The sharded
+    lookups (their all-to-alls waited for by ``keys()``, the reorder) and the dense arch are
+    the step split's ``sparse`` and ``dense_forward`` (harness/measure/step_split.py)."""
 
     def forward(self: Any, dense_features: Any, kjt: Any) -> Any:
         import torch
 
-        kt = self.sparse(kjt)
-        if list(kt.keys()) == names:
-            return self.dense(dense_features, kt.values())
-        parts = kt.to_dict()
-        return self.dense(dense_features, torch.cat([parts[n] for n in names], dim=1))
+        with step_split.mark("sparse"):
+            kt = self.sparse(kjt)
+            if list(kt.keys()) == names:
+                pooled = kt.values()
+            else:
+                parts = kt.to_dict()
+                pooled = torch.cat([parts[n] for n in names], dim=1)
+        with step_split.mark("dense_forward"):
+            return self.dense(dense_features, pooled)
 
     return forward
 
@@ -243,7 +249,8 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
             rec["fault"] = "drift"
 
     forward = cell.forward_fn(b, train)  # the single-process cell's step, loss and backward
-    step = cell.step_fn(dmp, local, optimizer, forward, before)
+    marked = step_split.marked_optimizer(optimizer)
+    step = cell.step_fn(dmp, local, marked, _marked_forward(b) if train else forward, before)
     sync: Callable[[], None] = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
     graphs_before = cell.dynamo_counts()["graphs"]
     progress.set("first_call")
@@ -270,6 +277,12 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     progress.set("timing")
     rec["latency_ms"] = timing.summarize(timed_steps(step, cfg, device_kind, sync))
     cell.record_compile_time(rec, prepared.prepare_s, first_call_s, mode.compiled)
+    if train and int(cfg.get("step_split_steps", step_split.DEFAULT_STEPS)) > 0:
+        progress.set("step_split")  # after the timed steps: the profiler does not touch them
+        dist.barrier()
+        rec["step_split_ms"] = step_split.profile_split(
+            step, int(cfg.get("step_split_steps", step_split.DEFAULT_STEPS))
+        )
     progress.set("memory")
     static = cell.step_static_tensors(dmp, optimizer)
     dist.barrier()
@@ -281,6 +294,19 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     progress.set("done")
     dist.barrier()  # nobody leaves while a peer still needs it in a collective
     return rec
+
+
+def _marked_forward(b: Any) -> Callable[[Any, Any], Any]:
+    """``cell.forward_fn``'s training forward with its backward marked for the step split."""
+
+    def forward(m: Any, batch: Any) -> Any:
+        logits = m(*batch.inputs)
+        loss = b.loss(logits, batch.labels)
+        with step_split.mark("backward"):
+            loss.backward()
+        return logits
+
+    return forward
 
 
 def _compare_params(dmp: Any, ref: Any, atol: float, rtol: float, mismatch: list[str]) -> dict[str, Any]:

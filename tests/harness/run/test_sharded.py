@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.gate import compare
+from harness.measure import step_split
 from harness.report.markdown import render
 from harness.run.runner import run_suite
 from harness.run.sharded import data, faults, merge
@@ -95,6 +96,17 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
     assert train["max_table_err"] <= 1e-4 and train["max_param_err"] <= 1e-4
     assert _marked(mark) == []
 
+    # where the training step goes: profiled after the timed steps, on every rank; inference has none
+    assert "step_split_ms" not in doc["cells"][0]
+    split = doc["cells"][1]["step_split_ms"]
+    assert doc["cells"][1]["step_split_rank"] in (0, 1)
+    assert split["steps"] == step_split.DEFAULT_STEPS
+    assert all(split[k] >= 0 for k in step_split.COMPONENTS)
+    assert split["sparse"] > 0 and split["dense_forward"] > 0 and split["dense_backward"] > 0
+    assert split["allreduce"] > 0 and split["optimizer"] > 0  # DDP's dense gradients, SGD
+    assert sum(split[k] for k in step_split.COMPONENTS) == pytest.approx(split["step"], rel=0.2, abs=1.0)
+    assert all(r["step_split_ms"]["step"] <= split["step"] for r in doc["cells"][1]["ranks"])
+
     # compare and report read sharded cells: the plan and the rank count are shown
     rows = compare.compare_docs(doc, doc)
     assert rows and all("[2 ranks, table_wise]" in r.cell for r in rows)
@@ -105,6 +117,9 @@ def test_two_rank_cell_both_phases(tmp_path: Path, mark: str) -> None:
     assert {r.verdict for r in compare.compare_docs(single, doc)} == {"not comparable"}
     md = render(doc, "t", [])
     assert "## Sharded cells" in md and "table_wise x4" in md and "2 ranks per cell" in md
+    assert "### Where the step goes" in md
+    split_rows = [ln for ln in md.splitlines() if ln.startswith("| towers/tiny/eager/train | ")]
+    assert len(split_rows) == 2  # the cell's row in the section's first table, and in the split
     from harness.report import sharded_table as table
 
     lines = table.rows([doc], [single])
@@ -302,6 +317,44 @@ def test_merge_takes_the_slowest_rank_per_step() -> None:
     assert cell["latency_ms"]["median"] == 3.0  # rank 0's median would be 1.0, rank 1's 2.0
     assert cell["peak_mem_bytes"] == 200 and cell["compile_s"] == 2.0
     assert cell["status"] == "ok"
+
+
+def test_merge_takes_the_step_split_of_the_slowest_profiled_rank() -> None:
+    from harness.report.sharded_section import section
+    from harness.spec import CellKey
+    from harness.store.cell_record import empty
+
+    def split(step: float, sparse: float) -> dict:
+        parts = dict.fromkeys(step_split.COMPONENTS, 0.0)
+        return {
+            **parts,
+            "sparse": sparse,
+            "other": step - sparse,
+            "step": step,
+            "allreduce_busy": 0.0,
+            "steps": 5,
+        }
+
+    cell = empty(CellKey("towers", "tiny", "eager", "train"))
+    recs = {
+        0: _rec(0, [1.0], step_split_ms=split(9.0, 2.0)),
+        1: _rec(1, [1.0], step_split_ms=split(12.0, 7.5)),
+    }
+    merge.merge(cell, recs, 2)
+    assert cell["step_split_rank"] == 1 and cell["step_split_ms"]["sparse"] == 7.5
+    assert [r["step_split_ms"]["step"] for r in cell["ranks"]] == [9.0, 12.0]  # each rank's kept
+    cell["nproc"] = 2
+    md = section({"cells": [cell]})
+    assert "### Where the step goes" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| towers/tiny/eager/train | 1 | 12.00 |"))
+    assert "| 7.50 | 0.00 |" in row  # sparse, then dense fwd
+
+    merge.merge(
+        infer := empty(CellKey("towers", "tiny", "eager", "infer")), {0: _rec(0, [1.0]), 1: _rec(1, [1.0])}, 2
+    )
+    assert "step_split_ms" not in infer
+    infer["nproc"] = 2
+    assert "Where the step goes" not in section({"cells": [infer]})
 
 
 def test_diagnose_names_the_rank() -> None:
