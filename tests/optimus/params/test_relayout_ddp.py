@@ -196,3 +196,55 @@ def test_no_sync_static_graph_and_checkpoints_keep_working(tmp_path: Path) -> No
     assert len(r0["keys"]) == len(model.state_dict()) and not any(PREFIX in k for k in r0["keys"])
     assert r0["restored"] and r1["restored"]
     torch.testing.assert_close(torch.tensor(r0["out_after_load"]), torch.tensor(r0["eager_after_load"]))
+
+
+class WithUnusedHead(LinearNormTowers):
+    """The towers plus a head forward never calls: the case ``find_unused_parameters`` is for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Linear(4, 4)
+
+
+def _rank_find_unused(rank: int, port: int, out: str) -> None:
+    with gloo_rank(rank, port, out) as record:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        model = WithUnusedHead()
+        _, (x,), y, loss_fn = _linear_norm()
+        xs, ys = _rows(x, rank, 2), _rows(y, rank, 2)
+        gm = optimus.optimize(model, (xs,), config=optimus.OptimusConfig(layout=RelayoutParams()))
+        record["stacked"] = sum(1 for n, _ in gm.named_parameters() if n.startswith(PREFIX))
+        ddp = nn.parallel.DistributedDataParallel(gm, find_unused_parameters=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        record["grads"] = _train(model, ddp, (xs,), ys, loss_fn, opt)
+        record["params"] = {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
+
+
+def test_find_unused_parameters_reduces_the_members_and_skips_what_forward_never_reads(
+    tmp_path: Path,
+) -> None:
+    """DDP with ``find_unused_parameters=True`` walks the autograd graph from the loss: it reaches
+    each member through the attached storage's backward (so every member is reduced, as in a
+    run without the flag) and marks the head forward never calls as unused, which stays without
+    a gradient, as unfused."""
+    r0, r1 = spawn_two(_rank_find_unused, tmp_path)
+    assert "error" not in r0 and "error" not in r1, r0.get("trace") or r1.get("trace")
+    assert r0["stacked"] > 0  # the re-layout ran
+    torch.manual_seed(0)
+    model = WithUnusedHead()
+    _, inputs, labels, loss_fn = _linear_norm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    want = _train(model, model, inputs, labels, loss_fn, opt)
+    for step, (g0, g1, w) in enumerate(zip(r0["grads"], r1["grads"], want, strict=True)):
+        assert g0 == g1, f"step {step}: the ranks' gradients differ"
+        assert set(g0) == set(w) and not any(n.startswith("unused.") for n in g0), sorted(set(g0) ^ set(w))
+        for n, v in w.items():
+            torch.testing.assert_close(
+                torch.tensor(g0[n]), torch.tensor(v), atol=1e-5, rtol=1e-4, msg=f"{step} {n}"
+            )
+    assert r0["params"] == r1["params"]
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(
+            torch.tensor(r0["params"][n]), p.detach().flatten(), atol=1e-5, rtol=1e-4, msg=n
+        )
