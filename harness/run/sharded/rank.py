@@ -277,12 +277,10 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     progress.set("timing")
     rec["latency_ms"] = timing.summarize(timed_steps(step, cfg, device_kind, sync))
     cell.record_compile_time(rec, prepared.prepare_s, first_call_s, mode.compiled)
-    if train and int(cfg.get("step_split_steps", step_split.DEFAULT_STEPS)) > 0:
-        progress.set("step_split")  # after the timed steps: the profiler does not touch them
+    if train:  # where the step goes: after the timed steps, so the profiler does not touch them
+        progress.set("step_split")
         dist.barrier()
-        rec["step_split_ms"] = step_split.profile_split(
-            step, int(cfg.get("step_split_steps", step_split.DEFAULT_STEPS))
-        )
+        rec["step_split_ms"] = step_split.profile_split(step)
     progress.set("memory")
     static = cell.step_static_tensors(dmp, optimizer)
     dist.barrier()
