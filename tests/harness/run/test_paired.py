@@ -4,6 +4,7 @@ pair_grid, checkouts), on scratch repositories (pair_repos.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_each_turn_is_timed_after_untimed_steps_that_warm_the_idle_worker(tmp_pa
     assert warm["status"] == cold["status"] == "ok"
     warm_ms = [ms for row in warm["paired"]["base"]["worker_ms"] for ms in row]
     cold_ms = [ms for row in cold["paired"]["base"]["worker_ms"] for ms in row]
-    assert max(warm_ms) < 4.0 < 5.0 < min(cold_ms), (warm_ms, cold_ms)
+    # medians: a step the machine preempts (other work on its cores) is slow warm or cold
+    assert statistics.median(warm_ms) < 4.0 < 5.0 < statistics.median(cold_ms), (warm_ms, cold_ms)
     assert warm["paired"]["round_warmup_ms"] == 50.0 and cold["paired"]["round_warmup_ms"] == 0.0
 
 
