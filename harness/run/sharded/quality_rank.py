@@ -57,23 +57,12 @@ def _drift(dmp: Any, ref: Any, start: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
-    state = dmp.state_dict()
-    shards = rankmod._shards(state)
     mine: dict[str, Any] = {}
     eager: dict[str, Any] = {}
     begin: dict[str, Any] = {}
-    for k, pieces in shards.items():
-        for offsets, sizes, t in pieces:
-            name = f"{k}[{offsets[0]}:{offsets[0] + sizes[0]},{offsets[1]}:{offsets[1] + sizes[1]}]"
-            mine[name] = t
-            eager[name] = rankmod._slice(ref_state[k], offsets, sizes)
-            begin[name] = rankmod._slice(start[k], offsets, sizes)
-    for k, v in state.items():
-        name = cell._param_name(k)
-        if k in shards or name not in start or not isinstance(v, torch.Tensor):
-            continue
-        if name.startswith(("sparse.", "dense.")) and v.is_floating_point():
-            mine[name], eager[name], begin[name] = v, ref_state[name], start[name]
+    for _, label, t, pick, table in rankmod.matched_params(dmp.state_dict(), start):
+        if table or (isinstance(t, torch.Tensor) and t.is_floating_point()):
+            mine[label], eager[label], begin[label] = t, pick(ref_state), pick(start)
     out = quality.parameter_drift(mine, eager, begin)
     # how far training moved the reference, over all its parameters (the same on every rank and
     # in every mode: the drift of a mode whose re-laid-out parameters are not compared by name

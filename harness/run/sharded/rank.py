@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import json
+import operator
 import os
 import sys
 import time
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -307,30 +309,47 @@ def _marked_forward(b: Any) -> Callable[[Any, Any], Any]:
     return forward
 
 
+Matched = tuple[str, str, Any, Callable[[dict[str, Any]], Any], bool]
+
+
+def _piece(key: str, offsets: list[int], sizes: list[int], state: dict[str, Any]) -> Any:
+    return _slice(state[key], offsets, sizes)
+
+
+def matched_params(state: dict[str, Any], names: Any) -> Iterator[Matched]:
+    """This rank's tables and dense parameters in ``state`` (a DMP ``state_dict``), each paired with
+    how to take the same piece of an unsharded state: (name, label, tensor, pick, is a table
+    shard). A table shard's
+    ``pick`` slices the full table (its label names the slice); a parameter's, present in
+    ``names`` (the unsharded state's keys), reads it by name. Shared by the parity steps'
+    comparison and the quality cell's drift, which read the same pieces."""
+    shards = _shards(state)
+    for k, pieces in shards.items():
+        for offsets, sizes, t in pieces:
+            label = f"{k}[{offsets[0]}:{offsets[0] + sizes[0]},{offsets[1]}:{offsets[1] + sizes[1]}]"
+            yield k, label, t, functools.partial(_piece, k, offsets, sizes), True
+    for k, v in state.items():
+        name = cell._param_name(k)
+        if k in shards or name not in names or not hasattr(v, "shape"):
+            continue
+        if name.startswith(("sparse.", "dense.")):
+            yield name, name, v, operator.itemgetter(name), False
+
+
 def _compare_params(dmp: Any, ref: Any, atol: float, rtol: float, mismatch: list[str]) -> dict[str, Any]:
     """Tables (this rank's shards) and dense parameters (by name) after the parity steps."""
     ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
-    state = dmp.state_dict()
-    shards = _shards(state)
-    n_tab, worst_tab, bad = 0, 0.0, []
-    for k, pieces in shards.items():
-        for offsets, sizes, t in pieces:
-            exp = _slice(ref_state[k], offsets, sizes)
+    n_tab, worst_tab, n_dense, worst_dense, bad = 0, 0.0, 0, 0.0, []
+    for name, _, t, pick, table in matched_params(dmp.state_dict(), ref_state):
+        exp = pick(ref_state)
+        if table:
             n_tab += 1
             worst_tab = max(worst_tab, cell.max_err(exp, t))
-            if not cell.close(exp, t, atol, rtol):
-                bad.append(k)
-    dense_total = [k for k in ref_state if k.startswith("dense.")]
-    n_dense, worst_dense = 0, 0.0
-    for k, v in state.items():
-        name = cell._param_name(k)
-        if k in shards or name not in ref_state or not hasattr(v, "shape"):
-            continue
-        if name.startswith("sparse.") or name.startswith("dense."):
+        else:
             n_dense += name.startswith("dense.")
-            worst_dense = max(worst_dense, cell.max_err(ref_state[name], v))
-            if not cell.close(ref_state[name], v, atol, rtol):
-                bad.append(name)
+            worst_dense = max(worst_dense, cell.max_err(exp, t))
+        if not cell.close(exp, t, atol, rtol):
+            bad.append(name)
     if bad:
         mismatch.append(
             f"updated parameters differ from the single-process eager run for {len(bad)}: {bad[:5]}"
@@ -339,7 +358,7 @@ def _compare_params(dmp: Any, ref: Any, atol: float, rtol: float, mismatch: list
         "table_shards_compared": n_tab,
         "max_table_err": worst_tab,
         "dense_params_compared": n_dense,
-        "dense_params_total": len(dense_total),
+        "dense_params_total": len([k for k in ref_state if k.startswith("dense.")]),
         "max_param_err": worst_dense,
     }
 
