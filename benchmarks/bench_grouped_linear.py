@@ -29,10 +29,12 @@ BATCH = 256
 VARIANTS = ("separate", "loop", "padded", "triton")
 
 
-def ragged_shapes(groups: int, seed: int = 0, batch: int = BATCH) -> list[tuple[int, int, int]]:
-    """(M, K, N) of ``groups`` linears: K and N drawn from EMBEDDING_DIMS, seeded."""
+def ragged_shapes(
+    groups: int, seed: int = 0, batch: int = BATCH, dims: tuple[int, ...] = EMBEDDING_DIMS
+) -> list[tuple[int, int, int]]:
+    """(M, K, N) of ``groups`` linears: K and N drawn from ``dims``, seeded."""
     rng = random.Random(f"{seed}/bench")
-    return [(batch, rng.choice(EMBEDDING_DIMS), rng.choice(EMBEDDING_DIMS)) for _ in range(groups)]
+    return [(batch, rng.choice(dims), rng.choice(dims)) for _ in range(groups)]
 
 
 def devices() -> list[str]:
@@ -40,12 +42,19 @@ def devices() -> list[str]:
 
 
 def make_problem(
-    shapes: list[tuple[int, int, int]], device: str, dtype: torch.dtype = torch.float32, grad: bool = False
+    shapes: list[tuple[int, int, int]],
+    device: str,
+    dtype: torch.dtype = torch.float32,
+    grad: bool = False,
+    scale: float = 1.0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs, weights and biases of the linears, seeded normal values times ``scale``."""
     gen = torch.Generator().manual_seed(0)
 
     def t(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(grad)
+        return (
+            (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype).requires_grad_(grad)
+        )
 
     return [t(m, k) for m, k, _ in shapes], [t(n, k) for _, k, n in shapes], [t(n) for _, _, n in shapes]
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks import bench_grouped_linear as bench
 from optimus.atomic import write_atomic
 
 WIDTHS = (64, 128, 256, 512)
@@ -74,17 +74,12 @@ def shapes(problem: str, groups: int, seed: int = 0) -> list[tuple[int, int, int
     """(M, K, N) of each group: ``ragged`` draws K and N from WIDTHS, ``equal`` uses EQUAL_WIDTH."""
     if problem == "equal":
         return [(BATCH, EQUAL_WIDTH, EQUAL_WIDTH)] * groups
-    rng = random.Random(f"{seed}/grouped-report")
-    return [(BATCH, rng.choice(WIDTHS), rng.choice(WIDTHS)) for _ in range(groups)]
+    return bench.ragged_shapes(groups, seed, BATCH, WIDTHS)
 
 
 def make(mnk: list[tuple[int, int, int]], device: str, dtype: torch.dtype, grad: bool) -> Problem:
-    gen = torch.Generator().manual_seed(0)
-
-    def t(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) * 0.1).to(device=device, dtype=dtype).requires_grad_(grad)
-
-    return [t(m, k) for m, k, _ in mnk], [t(n, k) for _, k, n in mnk], [t(n) for _, _, n in mnk]
+    """The asv benchmark's problem at a tenth of its scale (bf16 sums over K up to 512 stay small)."""
+    return bench.make_problem(mnk, device, dtype, grad, scale=0.1)
 
 
 @contextlib.contextmanager
