@@ -104,13 +104,17 @@ for _m in (
     register(_m)
 
 
-def prepare(mode: str, dense: Any, example_inputs: Sequence[Any], beside: Any = None) -> prep.Prepared:
+def prepare(
+    mode: str, dense: Any, example_inputs: Sequence[Any], beside: Any = None, outside_bytes: int | None = None
+) -> prep.Prepared:
     """Return the module that ``mode`` runs in place of ``dense``.
 
     Compiling is lazy (first call); ``prepare_s`` counts only work done here
     (``optimus.optimize`` for eager+optimus). ``beside``: the whole model ``dense`` runs in (its
     other parameters and buffers, the embedding tables, are part of the memory the Optimus modes'
-    ceiling is a fraction of: ``builtin.outside_bytes``).
+    ceiling is a fraction of: ``builtin.outside_bytes``). ``outside_bytes``: that memory given
+    directly, where the process will not hold all of ``beside`` (a sharded rank holds its shards).
     """
-    with prep.outside_bytes(prep.bytes_outside(beside, dense)):
+    nbytes = prep.bytes_outside(beside, dense) if outside_bytes is None else outside_bytes
+    with prep.outside_bytes(nbytes):
         return get(mode).prepare(dense, example_inputs)

@@ -60,7 +60,7 @@ def run_paired_rank(spec: dict[str, Any], rank: int, world: int, progress: Progr
         module.train(train)
         key = CellKey(spec["model"], spec["scale"], mode, spec["phase"])
         with builtin.optimus_guard(cfg.get("optimus_guard")):  # every rank: the first rank's figures
-            prepared = _prepare(key, module, cell.example_inputs(b, local))
+            prepared = _prepare(key, module, cell.example_inputs(b, local), spec["plan"], rank)
         module.dense = prepared.module
         side: dict[str, Any] = {"mode": mode, "prepare_s": prepared.prepare_s}
         side.update({k: v for k, v in prepared.info.items() if k in SIDE_FIELDS and v is not None})

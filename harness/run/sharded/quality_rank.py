@@ -114,7 +114,7 @@ def train_seed(spec: dict[str, Any], seed: int, rank: int, world: int, device: A
     local_held = [data.local_batch(bt, rank, world) for bt in held]
     progress.set("prepare")
     with builtin.optimus_guard(cfg.get("optimus_guard")):
-        prepared = rankmod._prepare(key, module, cell.example_inputs(b, local))
+        prepared = rankmod._prepare(key, module, cell.example_inputs(b, local), spec["plan"], rank)
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     rec["prepare_s"] = prepared.prepare_s

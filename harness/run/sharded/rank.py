@@ -147,11 +147,18 @@ def _join(cfg: dict[str, Any], rank: int, progress: Progress) -> tuple[str, Any]
     return device_kind, device
 
 
-def _prepare(key: CellKey, module: Any, example: tuple[Any, ...]) -> Any:
+def _prepare(key: CellKey, module: Any, example: tuple[Any, ...], plan_doc: dict[str, Any], rank: int) -> Any:
     """The mode prepared on the dense arch, under the process group: the re-layout makes its
     members the autograd leaves there, so DMP's dense DDP all-reduces them (the cell's
-    ``optimus_gradients`` says so)."""
-    return mode_registry.prepare(key.mode, module.dense, example, beside=module)
+    ``optimus_gradients`` says so). The memory beside the dense arch that the Optimus modes'
+    ceiling counts is what this rank will hold once sharded (its table shards), not every table
+    of the unsharded ``module``."""
+    from optimus.memory.live import storage_bytes
+
+    weights = {name: bag.weight for name, bag in module.sparse.embedding_bags.items()}
+    outside = builtin.bytes_outside(module, module.dense) - storage_bytes(list(weights.values()))
+    outside += planmod.rank_table_bytes(plan_doc, rank, weights)
+    return mode_registry.prepare(key.mode, module.dense, example, outside_bytes=outside)
 
 
 def _shard(spec: dict[str, Any], module: Any, tables: dict[str, Any], device: Any, rank: int,
@@ -233,7 +240,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
 
     progress.set("prepare")
     with builtin.optimus_guard(cfg.get("optimus_guard")):  # every rank: the first rank's figures
-        prepared = _prepare(key, module, cell.example_inputs(b, local))
+        prepared = _prepare(key, module, cell.example_inputs(b, local), spec["plan"], rank)
     module.dense = prepared.module
     rec.update({k: v for k, v in prepared.info.items() if v is not None})
     mode = mode_registry.get(key.mode)
