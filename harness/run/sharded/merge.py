@@ -176,5 +176,6 @@ def merge(cell: dict[str, Any], recs: dict[int, dict[str, Any]], nproc: int) -> 
 def _rank_entry(r: dict[str, Any]) -> dict[str, Any]:
     keep = ("rank", "status", "error", "latency_ms", "first_call_s", "compile_s", "prepare_s", "graphs",
             "recompiles", "graph_breaks", "peak_mem_bytes", "peak_mem_static_bytes", "peak_mem_step_bytes",
+            "peak_mem_steps", "peak_mem_step_min_bytes",
             "peak_mem_at", "max_abs_err", "parity", "shard", "build_s", "loadavg_1m", "step_split_ms")  # fmt: skip
     return {k: r.get(k) for k in keep}

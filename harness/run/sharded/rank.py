@@ -39,6 +39,7 @@ from harness.spec import CellKey
 from optimus.atomic import write_atomic
 
 PARITY_STEPS = 3  # steps compared with the reference (the first call is the first of them)
+MEMORY_STEPS = 5  # steps whose highest peak is the rank's memory (memory.highest_step_peak_memory)
 
 
 class Progress:
@@ -293,7 +294,7 @@ def run_rank(spec: dict[str, Any], rank: int, world: int, progress: Progress) ->
     progress.set("memory")
     static = cell.step_static_tensors(dmp, optimizer)
     dist.barrier()
-    rec.update(memory.step_peak_memory(step, device_kind, static))
+    rec.update(memory.highest_step_peak_memory(step, device_kind, static, MEMORY_STEPS))
     cell.record_graphs(rec, mode.compiled, graphs_before, graphs_first)
     rec["loadavg_1m"] = os.getloadavg()[0]
     rec["status"] = "mismatch" if mismatch else "ok"

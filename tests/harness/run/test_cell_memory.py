@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -112,3 +113,25 @@ def test_static_counts_the_gradient_buffers_a_relaid_out_model_keeps() -> None:
     assert kept, "small fused groups keep their gradient buffer between steps"
     params = memory.storage_bytes(gm.parameters())
     assert memory.storage_bytes(static) == params + memory.storage_bytes(kept)
+
+
+def test_the_highest_of_several_steps_is_the_rank_s_memory_and_the_lowest_is_kept_beside_it() -> None:
+    """Steps whose peaks differ (a rank's, where communication buffers overlap the backward
+    differently each step): the figure is the highest step's, and the lowest step's bytes say
+    how far apart they were."""
+    sizes = iter([1, 4, 2, 3, 1])  # MiB of float32 each step holds at its peak
+    static = [torch.zeros(1024)]
+
+    def step() -> int:
+        buf = torch.ones(next(sizes) * 256 * 1024)  # 1 MiB per unit
+        return int(buf[0])
+
+    mem = memory.highest_step_peak_memory(step, "cpu", static, 5)
+    mib = 1024 * 1024
+    assert mem["peak_mem_steps"] == 5
+    assert 4 * mib <= mem["peak_mem_step_bytes"] < 4 * mib + 64 * 1024
+    assert 1 * mib <= mem["peak_mem_step_min_bytes"] < 1 * mib + 64 * 1024
+    assert mem["peak_mem_bytes"] == mem["peak_mem_static_bytes"] + mem["peak_mem_step_bytes"]
+    assert mem["peak_mem_static_bytes"] == 4096
+    with pytest.raises(StopIteration):  # exactly five steps ran
+        step()
