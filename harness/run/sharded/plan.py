@@ -168,8 +168,9 @@ def rank_table_bytes(doc: dict[str, Any], rank: int, weights: Mapping[str, Any])
     data-parallel table. ``weights``: table name -> its unsharded weight (for the element size).
 
     Why: a rank's memory holds these, not every table, so the Optimus modes' memory ceiling, a
-    fraction of the whole, must count these (counting every table let mmoe small's training graph re-lay out under 2
-    ranks at +14% peak memory per rank over eager, where one process leaves it as captured)."""
+    fraction of the whole, must count these (counting every table let mmoe small's training graph
+    re-lay out under 2 ranks at +14% peak memory per rank over eager, where one process leaves it
+    as captured)."""
     total = 0
     for held in rank_shards(doc, rank):
         w = weights[held["table"]]

@@ -327,10 +327,9 @@ def _piece(key: str, offsets: list[int], sizes: list[int], state: dict[str, Any]
 def matched_params(state: dict[str, Any], names: Any) -> Iterator[Matched]:
     """This rank's tables and dense parameters in ``state`` (a DMP ``state_dict``), each paired with
     how to take the same piece of an unsharded state: (name, label, tensor, pick, is a table
-    shard). A table shard's
-    ``pick`` slices the full table (its label names the slice); a parameter's, present in
-    ``names`` (the unsharded state's keys), reads it by name. Shared by the parity steps'
-    comparison and the quality cell's drift, which read the same pieces."""
+    shard). A table shard's ``pick`` slices the full table (its label names the slice); a
+    parameter's, present in ``names`` (the unsharded state's keys), reads it by name. Shared by the
+    parity steps' comparison and the quality cell's drift, which read the same pieces."""
     shards = _shards(state)
     for k, pieces in shards.items():
         for offsets, sizes, t in pieces:
