@@ -1,4 +1,4 @@
-"""`optimus-bench targets --goals cpu-large` (harness/gate/targets_cpu_large.py): the wave-2 goals judged from
+"""`optimus-bench targets --goals cpu-large` (harness/gate/targets_cpu_large.py): the CPU goals at large scale judged from
 results files, including the limit-relative inference goal and the memory ceiling and floor."""
 
 from __future__ import annotations
