@@ -1,5 +1,6 @@
-"""`optimus-bench targets --goals cpu-large` (harness/gate/targets_cpu_large.py): the CPU goals at large scale judged from
-results files, including the limit-relative inference goal and the memory ceiling and floor."""
+"""`optimus-bench targets --goals cpu-large` (harness/gate/targets_cpu_large.py): the CPU goals at
+large scale judged from results files, including the limit-relative inference goal and the memory
+ceiling and floor."""
 
 from __future__ import annotations
 
