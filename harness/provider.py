@@ -5,7 +5,8 @@ benchmarks their own model by writing one function, not by editing the harness. 
 `models:build`, is this repository's families; `models.dense_only:build` is the same families
 without torchrec (the GPU machine); `harness.providers.torchrec_dlrm:build` is torchrec's own
 DLRM_DCN, a model this repository did not write; `harness.providers.mlperf_dlrmv2:build` is
-MLPerf's DLRMv2 at its own scales (`cpu`, `full`).
+MLPerf's DLRMv2 at its own scales (`cpu`, `full`); `harness.providers.outside_corpus:build` is
+the outside corpus (models/outside/), each zoo's model as it is.
 
 The contract (the same as `models.build`, docs/harness.md "Your own model"):
 
