@@ -20,6 +20,7 @@ from harness.cli import (
     bisect,
     changes,
     compare,
+    corpus_ab,
     headroom,
     listing,
     models,
@@ -38,7 +39,7 @@ from harness.store.results import ResultsError
 
 COMMANDS: tuple[ModuleType, ...] = (
     listing, models, run, compare, report, reproduce, targets, ab, pair, bisect, nightly, replay, headroom, changes,
-    profile, outside_gain,
+    profile, outside_gain, corpus_ab,
 )  # fmt: skip
 
 
