@@ -13,7 +13,9 @@ prepare `module.dense`. So `module.dense` is the zoo's module behind a thin adap
 tensors of its example inputs flat (a zoo's inputs may be a dict of columns, or a
 KeyedJaggedTensor) and rebuilds the zoo's own structure before calling it; `module.sparse` is an
 empty placeholder. The harness's batches are the corpus's own seeded inputs (one per seed) at the
-corpus's own sizes (batch 64, torchrec's 32), which is the one scale, named `small`. The training
+corpus's own sizes (batch 64, torchrec's 32), which is the one scale, named `small`; a batch whose
+tensors' shapes differ from the first's (torchrec's KeyedJaggedTensor values vary in length from
+seed to seed) is left out, as the modes compile for one set of shapes (`dynamic=False`). The training
 loss is a synthetic one, as the corpus's: the mean squared error of the outputs against seeded
 {0, 1} labels of the same shape (the zoos' outputs are probabilities or logits of 1-3 tasks).
 """
@@ -134,14 +136,18 @@ def build(
     model = model.to(device)
     with torch.no_grad():  # the outputs' shape, from a copy: the model's own state stays as built
         shape = tuple(copy.deepcopy(model).eval()(*_to(example, device)).shape)
+    layout = Layout(example)
+    shapes = [t.shape for t in layout.flat(example)]
     batches = []
     for k in range(BATCHES):
         # the same weights for every batch: only the inputs come from the next seeds
         inputs = example if k == 0 else outside.build(name, seed + 1000 * k)[1]
+        if [t.shape for t in layout.flat(inputs)] != shapes:
+            continue  # a KJT's values vary in length: the modes are compiled for the first's shapes
         gen = torch.Generator().manual_seed(seed + 7 + k)
         labels = torch.randint(0, 2, shape, generator=gen).float().to(device)
         batches.append(Batch(_to(inputs, device), labels))
-    module = CorpusModel(model, Layout(example))
+    module = CorpusModel(model, layout)
     meta = {
         "family": name,
         "zoo": outside.zoo_of(name),

@@ -51,11 +51,16 @@ def test_the_adapter_computes_the_zoos_model_on_its_own_inputs(name: str) -> Non
     assert dense_inputs and all(isinstance(t, torch.Tensor) for t in dense_inputs)
     with torch.no_grad():
         torch.testing.assert_close(b.module.dense(*dense_inputs), want, rtol=0, atol=0)
-    assert len(b.batches) == corpus.BATCHES
+    assert 1 <= len(b.batches) <= corpus.BATCHES
     assert all(batch.labels.shape == want.shape for batch in b.batches)
     assert set(b.batches[0].labels.unique().tolist()) <= {0.0, 1.0}
-    other = b.dense_inputs(b.batches[1])  # the batches differ
-    assert any(not torch.equal(x, y) for x, y in zip(dense_inputs, other, strict=True))
+    # every batch has the first's shapes (the modes compile for one), and the batches differ
+    shapes = [x.shape for x in dense_inputs]
+    assert all([x.shape for x in b.dense_inputs(batch)] == shapes for batch in b.batches)
+    if name != "torchrec.DLRM":  # a KJT's values vary in length from seed to seed: one batch
+        assert len(b.batches) == corpus.BATCHES
+        other = b.dense_inputs(b.batches[1])
+        assert any(not torch.equal(x, y) for x, y in zip(dense_inputs, other, strict=True))
     assert b.meta["zoo"] == outside.zoo_of(name) and b.meta["params"] > 0
 
 
