@@ -86,6 +86,7 @@ def test_the_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         ["corpus-ab", "--out-dir", str(tmp_path), "--models", "nozoo.Model"],
         ["corpus-ab", "--out-dir", str(tmp_path), "--phases", "backward"],
         ["corpus-ab", "--out-dir", str(tmp_path), "--rounds", "1"],
+        ["corpus-ab", "--out-dir", str(tmp_path), "--timeout-s", "0"],
     ]
     for argv in cases:
         assert cli.main(argv) == exit_codes.BAD_INPUT, argv
