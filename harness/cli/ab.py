@@ -12,7 +12,7 @@ from typing import Any
 from harness import exit_codes
 from harness.cli.common import add_provider_option, finite_float
 from harness.outputs import check_output_file
-from harness.spec import load_provider, provider_families, provider_scales, resolve_device
+from harness.spec import load_provider, parse_list, provider_families, provider_scales, resolve_device
 
 NAME = "ab"
 HELP = "time two or more modes of one model side by side, in worker processes, interleaved round by round"
@@ -93,11 +93,9 @@ def _check_model_and_scale(args: argparse.Namespace) -> None:
     """A model or scale the provider does not have is one line here, not a worker's traceback
     after the workers started (a provider without `FAMILIES` takes any model name)."""
     families = provider_families(args.provider)
-    if families and args.model not in families:
-        raise ValueError(f"model: unknown {args.model!r}; allowed values: {', '.join(families)}")
-    scales = provider_scales(args.provider)
-    if args.scale not in scales:
-        raise ValueError(f"scale: unknown {args.scale!r}; allowed values: {', '.join(scales)}")
+    if families:
+        parse_list([args.model], "model", families)
+    parse_list([args.scale], "scale", provider_scales(args.provider))
 
 
 def _single(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
