@@ -22,9 +22,10 @@ that thread's time and sum to the profiled step:
   between nodes, the caller's per-step hooks, the profiler's own marks).
 
 Innermost wins: an all-reduce launched from a dense gradient's hook is ``allreduce``, not
-``dense_backward``. Each component is the median over the profiled steps (so their sum is the
-median step only up to the steps' spread); ``step`` is the median profiled step, longer than an
-unprofiled one by the profiler's per-op cost.
+``dense_backward``. The split reported is the median profiled step's own (the lower median for
+an even count), so its parts sum to its ``step``: a median per component would not add up when
+the steps differ, and on a shared machine a rank's steps differ by tens of percent. ``step`` is
+longer than an unprofiled step by the profiler's per-op cost.
 """
 
 from __future__ import annotations
@@ -169,14 +170,15 @@ def split_step(events: list[Event], step: Event) -> dict[str, float]:
 
 
 def split(events: Iterable[Event]) -> dict[str, Any]:
-    """The median over the profiled steps of each component (ms), the median profiled step
-    (``step``), the gloo thread's all-reduce time (``allreduce_busy``) and the step count."""
+    """The median profiled step's components (ms), its length (``step``) and the gloo thread's
+    all-reduce time during it (``allreduce_busy``); ``steps``, how many were profiled."""
     evs = list(events)
     steps = [e for e in evs if e.name == STEP]
     if not steps:
         raise ValueError("no profiled step (no step_split::step range) among the events")
     per = [split_step(evs, s) for s in steps]
-    out: dict[str, Any] = {k: statistics.median(p[k] for p in per) for k in per[0]}
+    middle = statistics.median_low(p["step"] for p in per)
+    out: dict[str, Any] = dict(next(p for p in per if p["step"] == middle))
     out["steps"] = len(per)
     return out
 

@@ -76,8 +76,8 @@ def split_table(cells: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
         "### Where the step goes\n",
-        "Profiled training steps after the timed ones, ms (median over the steps) on the rank with the "
-        "longest profiled step; the parts sum to the profiled step up to the steps' spread. Optimus can "
+        "Profiled training steps after the timed ones, ms: the median step's split, on the rank with the "
+        "longest one; its parts sum to the profiled step. Optimus can "
         "change dense fwd, dense bwd and hand-off; not sparse, the all-reduce's volume or the optimizer "
         "(docs/sharded.md). gloo busy: the all-reduce on gloo's own thread, overlapping the backward.\n",
         f"| cell | rank | profiled step | {heads} | gloo busy |",

@@ -68,7 +68,7 @@ def test_split_of_a_profiled_step_with_known_phases() -> None:
     assert got["dense_forward"] > 0 and got["dense_backward"] > 0 and got["handoff"] > 0
     assert got["allreduce"] >= 0 and got["allreduce_busy"] == 0  # no process group
     parts = sum(got[c] for c in ss.COMPONENTS)
-    assert parts == pytest.approx(got["step"], rel=0.15, abs=0.5)
+    assert parts == pytest.approx(got["step"], rel=1e-6)  # the median step's own split
 
 
 def test_marks_are_no_ops_outside_the_profiler() -> None:
@@ -107,6 +107,28 @@ def test_split_of_events_innermost_wins_and_the_backward_tail_is_the_all_reduce(
     assert got["handoff"] == 0.0
     assert sum(got[c] for c in ss.COMPONENTS) == pytest.approx(got["step"]) == 10.0
     assert got["allreduce_busy"] == pytest.approx(2.4)
+
+
+def test_the_split_is_the_median_steps_own_and_adds_up() -> None:
+    # three steps whose parts differ: the medians per part (sparse 3, optimizer 1: 4 ms) would
+    # not add up to the median step (5 ms); the median step's own split does
+    events = []
+    for k, (sparse, opt) in enumerate([(1_000, 4_000), (4_000, 1_000), (3_000, 1_000)]):
+        t = k * 100_000
+        events += [
+            _ev(ss.STEP, t, t + sparse + opt),
+            _ev(ss.PREFIX + "sparse", t, t + sparse),
+            _ev(ss.PREFIX + "optimizer", t + sparse, t + sparse + opt),
+        ]
+    got = ss.split(events)
+    assert got["steps"] == 3
+    assert got["step"] == pytest.approx(5.0)
+    assert (got["sparse"], got["optimizer"]) in ((1.0, 4.0), (4.0, 1.0))
+    assert sum(got[c] for c in ss.COMPONENTS) == pytest.approx(got["step"])
+    # an even count takes the lower median's step: of 5 ms and 4 ms, the 4 ms one
+    got = ss.split(events[:3] + events[6:])
+    assert got["steps"] == 2
+    assert (got["step"], got["sparse"], got["optimizer"]) == pytest.approx((4.0, 3.0, 1.0))
 
 
 def test_split_needs_a_profiled_step() -> None:
