@@ -4,7 +4,7 @@ WHY: the paired protocol and ``bisect`` must be judged on histories whose slow c
 Each commit holds only what a pair's worker asks of a checkout
 (``harness.run.interleaved.contender``); its step busy-waits ``step_ms``, so a commit can be made
 slower by a known fraction. Model names make a worker crash or hang on purpose (in the commit
-``faulty``), or run its first steps after idling slower (``cold``). Used by the bisect study
+``faulty``), or run its first steps after idling (blocking for its turn) slower (``cold``). Used by the bisect study
 (``harness.diagnose.bisect_study``) and the paired-measurement tests.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.run.checkouts import git
 
 FAKE_CONTENDER = """
-import os, time
+import os, resource, time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,10 @@ class Contender:
 def contender(model, scale, mode, phase, *, device, seed, provider):
     import torch
 
-    last = [0.0, 0]  # when the last step ended; steps since the last idle gap
+    # the process's voluntary context switches when the last step ended; steps since it idled.
+    # Idling is blocking (waiting for its turn), not a gap in wall time: on a loaded machine
+    # the scheduler preempts a busy worker between two steps, and that is not idling.
+    last = [-1, 0]
 
     def step():
         if CRASH and model == "crash":
@@ -45,7 +48,7 @@ def contender(model, scale, mode, phase, *, device, seed, provider):
         if HANG and model == "hang":
             time.sleep(3600)
         start = time.perf_counter()
-        if start - last[0] > 0.02:
+        if resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw != last[0]:
             last[1] = 0
         last[1] += 1
         # "cold": the first 8 steps after the worker idled run 3x slower, as caches and clocks warm up
@@ -53,7 +56,7 @@ def contender(model, scale, mode, phase, *, device, seed, provider):
         end = start + slow * STEP_MS / 1e3
         while time.perf_counter() < end:
             pass
-        last[0] = time.perf_counter()
+        last[0] = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         return torch.ones(3)
 
     return Contender(mode, step, 0.01, torch.full((3,), float(seed)))
