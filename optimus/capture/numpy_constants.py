@@ -16,15 +16,23 @@ When it is a constant (every condition checked, else the export declines and the
 why): the graph input is an array held in a module's ``__dict__`` under the captured root (it
 shares the array's memory, shape, strides and dtype; a graph input that is neither one of
 ``forward``'s arguments nor such an array declines), and every use of it in the graph is
-``torch.tensor(...)``, which copies: the graph never writes the array, and reads only its values. The constant is a snapshot of those values, a plain tensor attribute
-of the graph module (not a buffer: ``gm.double()`` must not change what ``torch.tensor`` of an
-array makes, as ``module.double()`` does not).
+``torch.tensor(...)``, which copies: the graph never writes the array, and reads only its
+values. The constant is a plain tensor attribute of the graph module (not a buffer:
+``gm.double()`` must not change what ``torch.tensor`` of an array makes, as ``module.double()``
+does not).
 
 Between calls the array may be written in place or replaced: the returned module checks, per
 call, that each such attribute is still the same array with the same values
 (:class:`ArrayWatch`, in :class:`optimus.capture.specialized.CallGuard`), and re-captures when
-not. The cost is one ``numpy.array_equal`` per array per call (microseconds for an offsets
+not. The cost is one comparison of bytes per array per call (microseconds for an offsets
 vector); a module without such arrays pays nothing.
+
+Under ``torch.compile`` of the optimized module Dynamo traces that check, and it cannot read an
+array's values (nor its dtype). So the constant is not a copy: it shares the array's memory, and
+the compiled graph reads the values as they are at each call; the traced check is the array's
+identity, dtype and shape, which Dynamo keeps as guards. A deep copy re-points the copy's
+constants at the copy's arrays; an unpickled module, whose constants were written apart from its
+arrays, re-optimizes outside the compiled graph at every call.
 
 Dynamo also sets a read-only array writeable while it traces it and does not set it back: the
 flags of every array attribute under the root are restored after the capture.
@@ -143,7 +151,7 @@ def held_as_constants(root: nn.Module) -> Iterator[list[HeldArray]]:
                 continue
             held.extend(arrays)
             name = f"{CONSTANT_PREFIX}{len(held) - 1}"
-            setattr(graph, name, value.detach().clone())  # a snapshot of the values
+            setattr(graph, name, value.detach())  # the array's own memory: its values as they are
             with graph.graph.inserting_before(node):
                 constant = graph.graph.get_attr(name)
             constant.meta.update(node.meta)
@@ -190,6 +198,15 @@ class ArrayWatch:
 
     held: list[HeldArray] = field(default_factory=list)
     seen: list[tuple[Any, np.ndarray | None]] = field(default_factory=list)
+    # the graphs' constants share the arrays' memory (see :meth:`same`); False once they may
+    # not: after unpickling, or a deep copy whose constants could not be re-pointed
+    live: bool = True
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled, or deep-copied (copy uses this too): the constants were copied apart from
+        # the arrays; :meth:`realias` makes a deep copy's live again
+        state["live"] = False
+        self.__dict__.update(state)
 
     def add(self, arrays: Iterable[HeldArray]) -> None:
         """Watch ``arrays`` too (those already watched are left as they are)."""
@@ -207,9 +224,29 @@ class ArrayWatch:
 
     def same(self) -> bool:
         """Each attribute is the array it was, with the values it had (dtype and shape too)."""
+        if torch.compiler.is_compiling():
+            return self._same_object()
         for h, (obj, values) in zip(self.held, self.seen, strict=True):
             now = vars(h.owner).get(h.name)
             if now is not obj or values is None or not _equal(now, values):
+                return False
+        return True
+
+    def _same_object(self) -> bool:
+        """The check as Dynamo traces it (``torch.compile`` of the optimized module): each
+        attribute is the array it was, with the same dtype and shape. Dynamo turns these into
+        guards. It cannot guard on an array's values, and needs not: the graph's constant shares
+        the array's memory, so the compiled graph reads the values as they are. Where that may
+        not hold (``live`` is False) the check fails, and the call re-optimizes outside the
+        compiled graph."""
+        if not self.live:
+            return False
+        for h, (obj, values) in zip(self.held, self.seen, strict=True):
+            now = h.owner.__dict__.get(h.name)
+            if now is not obj or values is None:
+                return False
+            t = torch.as_tensor(now)
+            if t.dtype != torch.from_numpy(values).dtype or tuple(t.shape) != values.shape:
                 return False
         return True
 
@@ -223,6 +260,32 @@ class ArrayWatch:
             or not _equal(vars(h.owner).get(h.name), values)
         ]
         return ", ".join(paths)
+
+    def realias(self, graphs: Iterable[Any], memo: dict[int, Any]) -> None:
+        """After ``copy.deepcopy(..., memo)`` of ``graphs`` and of this watch: each copied constant
+        shares its copied array's memory, as the originals did (a deep copy makes the tensor and
+        the array two separate copies). The copy is ``live`` if this watch is and every
+        constant was paired so."""
+        copied = memo.get(id(self))
+        if not isinstance(copied, ArrayWatch):
+            return
+        copied.live = self.live
+        arrays = [obj for obj, _ in self.seen if isinstance(obj, np.ndarray)]
+        for graph in graphs:
+            for name, t in vars(graph).items():
+                if not (name.startswith(CONSTANT_PREFIX) and isinstance(t, torch.Tensor)):
+                    continue
+                array = next((a for a in arrays if _shares_memory(t, a)), None)
+                t_copy = memo.get(id(t))
+                a_copy = memo.get(id(array)) if array is not None else None
+                if not (isinstance(t_copy, torch.Tensor) and isinstance(a_copy, np.ndarray)):
+                    copied.live = False
+                    continue
+                shared = torch.as_tensor(a_copy)
+                with torch.no_grad():
+                    t_copy.set_(
+                        shared.untyped_storage(), shared.storage_offset(), shared.shape, shared.stride()
+                    )
 
     def refresh(self) -> None:
         """Snapshot every attribute as it is now (the graphs made from here on hold these)."""

@@ -232,6 +232,8 @@ class SpecializedGraphModule(fx.GraphModule):
         guard = self.__dict__.get(GUARD)
         if guard is not None:
             object.__setattr__(res, GUARD, copy.deepcopy(guard, memo))
+            graphs = [self, *guard.variants.values(), *(k[2] for k in guard.known)]
+            guard.arrays.realias([g for g in graphs if isinstance(g, nn.Module)], memo)
         return res
 
     def __copy__(self) -> fx.GraphModule:

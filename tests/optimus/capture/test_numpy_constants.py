@@ -1,6 +1,7 @@
 """NumPy array attributes that ``forward`` copies into tensors (RecBole's field offsets): one whole
 graph holding them as constants, results and gradients as eager's, the module's arrays left as
-they were; a use that may write the array declines, and a write between calls re-captures."""
+they were; a use that may write the array declines, and a write between calls re-captures; under
+torch.compile the compiled graph reads the arrays as they are."""
 
 from __future__ import annotations
 
@@ -120,3 +121,67 @@ def test_an_array_forward_may_write_is_not_a_constant() -> None:
     assert rep.capture == "dynamo-subgraphs"
     assert "NotConstant" in rep.capture_reason and "NumPy array offsets" in rep.capture_reason
     assert torch.equal(gm(x), ref(x))
+
+
+def test_under_torch_compile_the_arrays_are_read_as_they_are() -> None:
+    """``torch.compile(optimize(model), fullgraph=True)``, as the harness compiles it: Dynamo
+    traces the per-call check (it cannot read an array's values), and the constants share the
+    arrays' memory, so a write in place is read by the compiled graph without a re-capture."""
+    model, ref, x = _pair()
+    gm = optimus.optimize(model, (x,))
+    assert all(  # the constants are the arrays' own memory, not copies
+        any(t.data_ptr() == a.ctypes.data for a in (model.table.offsets, model.scale))
+        for k, t in vars(gm).items()
+        if k.startswith("_optimus_ndarray_")
+    )
+    compiled = torch.compile(gm, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x), ref(x))
+    for m in (model, ref):
+        m.table.offsets[1] += 2
+        m.scale[0] = -3.0
+    got, want = compiled(x), ref(x)
+    assert torch.equal(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    # another array in its place: a call the graph was not made for, which fullgraph refuses
+    model.scale = np.array([1.0, 1.0, 1.0], dtype=np.float32)
+    with pytest.raises(Exception, match=r"re-optimizes outside torch\.compile"):
+        compiled(x)
+
+
+def test_under_torch_compile_another_array_re_optimizes_outside_the_graph() -> None:
+    model, ref, x = _pair()
+    compiled = torch.compile(optimus.optimize(model, (x,)), dynamic=False)
+    assert torch.equal(compiled(x), ref(x))
+    for m in (model, ref):
+        m.scale = np.array([2.0, 1.0, 0.25], dtype=np.float32)
+    assert torch.equal(compiled(x), ref(x))
+    for m in (model, ref):
+        m.scale[2] = 5.0  # the new array, in place
+    assert torch.equal(compiled(x), ref(x))
+
+
+def test_a_deep_copy_reads_its_own_arrays_and_an_unpickled_one_is_checked_outside() -> None:
+    import copy
+    import pickle
+
+    model, _, x = _pair()
+    gm = optimus.optimize(model, (x,))
+    twin = copy.deepcopy(gm)
+    source = getattr(twin, GUARD).source
+    assert source is not model and source.table.offsets is not model.table.offsets
+    assert getattr(twin, GUARD).arrays.live
+    compiled = torch.compile(twin, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x), source(x))
+    source.table.offsets[1] += 2  # the copy's array: the copy reads it, the original does not
+    assert torch.equal(compiled(x), source(x)) and torch.equal(twin(x), source(x))
+    assert not torch.equal(gm(x), source(x)) and torch.equal(gm(x), model(x))
+
+    loaded = pickle.loads(pickle.dumps(gm))  # as torch.save(model) writes a module
+    guard = getattr(loaded, GUARD)
+    assert not guard.arrays.live  # its constants were written apart from its arrays
+    compiled = torch.compile(loaded, dynamic=False)
+    guard.source.scale[0] = 7.0
+    assert torch.equal(compiled(x), guard.source(x))
