@@ -482,13 +482,14 @@ def capture_and_optimize(
         report = optimize_graph_module(
             gm, cfg, flat_inputs if _runs_graph(cfg) else None, inference=not module.training
         )
+    numpy_constants.read_at_each_call(gm)  # after the passes, which take them as constants
     report.capture = "export"
     report.capture_reason = "torch._dynamo.export captured forward as one graph"
     held = getattr(gm, numpy_constants.CONSTANTS, ())
     if held:
         report.capture_reason += (
-            f", the NumPy arrays {', '.join(h.path for h in held)} held as constants (forward only "
-            "copies them into tensors; each call checks they are unchanged)"
+            f", the NumPy arrays {', '.join(h.path for h in held)} read at each call (forward only "
+            "copies them into tensors; another dtype or shape re-captures)"
         )
     if cfg.verify and len(flat_inputs) != len([n for n in gm.graph.nodes if n.op == "placeholder"]):
         report.notes.append("verify inputs did not line up with the exported graph's inputs")

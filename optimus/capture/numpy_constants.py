@@ -1,5 +1,5 @@
 """NumPy arrays a module holds as attributes and ``forward`` only copies into tensors: captured
-as constants of the exported graph, with a per-call check that they still hold those values.
+as constants of the exported graph, and read by the optimized graph at each call.
 
 WHY: RecBole (and code written like it) keeps its field offsets as a NumPy array attribute and
 turns it into a tensor in ``forward`` (``x.new_tensor(self.offsets)``,
@@ -21,18 +21,17 @@ values. The constant is a plain tensor attribute of the graph module (not a buff
 ``gm.double()`` must not change what ``torch.tensor`` of an array makes, as ``module.double()``
 does not).
 
-Between calls the array may be written in place or replaced: the returned module checks, per
-call, that each such attribute is still the same array with the same values
-(:class:`ArrayWatch`, in :class:`optimus.capture.specialized.CallGuard`), and re-captures when
-not. The cost is one comparison of bytes per array per call (microseconds for an offsets
-vector); a module without such arrays pays nothing.
-
-Under ``torch.compile`` of the optimized module Dynamo traces that check, and it cannot read an
-array's values (nor its dtype). So the constant is not a copy: it shares the array's memory, and
-the compiled graph reads the values as they are at each call; the traced check is the array's
-identity, dtype and shape, which Dynamo keeps as guards. A deep copy re-points the copy's
-constants at the copy's arrays; an unpickled module, whose constants were written apart from its
-arrays, re-optimizes outside the compiled graph at every call.
+Once the passes have run, each constant and its copies become calls of an :class:`ArrayReader`,
+which copies the array the attributes hold *at that call*: a write in place, or another array
+put in its place, is read as eager reads it, with no check of its values. Before each call the
+returned module checks only what the graph depends on (:class:`ArrayWatch`, in
+:class:`optimus.capture.specialized.CallGuard`): the attributes still hold one array, of the
+captured dtype and shape; else it re-captures. Why read rather than keep a snapshot and compare
+its bytes: under ``torch.compile`` of the optimized module Dynamo traces that check, and it can
+read neither an array's values nor its dtype (RecBole failed so under the harness's
+compile+optimus). Read so, Dynamo takes the array as an input of the compiled graph, as it does
+for the original module, and turns the check into guards; a deep copy or an unpickled copy reads
+its own arrays. A module without such arrays pays nothing.
 
 Dynamo also sets a read-only array writeable while it traces it and does not set it back: the
 flags of every array attribute under the root are restored after the capture.
@@ -51,6 +50,7 @@ from torch import fx, nn
 
 CONSTANT_PREFIX = "_optimus_ndarray_"  # plain tensor attributes holding the arrays' values
 CONSTANTS = "_optimus_numpy_constants"  # on the exported GraphModule: the arrays it holds
+GROUPS = "_optimus_numpy_groups"  # on it too: per constant, the attributes that held its array
 
 
 class NotConstant(RuntimeError):
@@ -113,8 +113,17 @@ def _constant_for(
     return held
 
 
+class Held(list[HeldArray]):
+    """The attributes a graph holds as constants; ``groups``: per constant, the attributes that
+    held its array (one array may be held by two attributes, as RecBole's offsets are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, tuple[HeldArray, ...]] = {}
+
+
 @contextlib.contextmanager
-def held_as_constants(root: nn.Module) -> Iterator[list[HeldArray]]:
+def held_as_constants(root: nn.Module) -> Iterator[Held]:
     """Within the block, a ``torch._dynamo.export`` of ``root`` holds the NumPy array attributes
     its ``forward`` only copies into tensors as constants (plain tensor attributes of the graph
     module) instead of failing; the list yielded is filled with the attributes held. Raises
@@ -124,10 +133,10 @@ def held_as_constants(root: nn.Module) -> Iterator[list[HeldArray]]:
 
     candidates = array_attributes(root)
     if not candidates:
-        yield []
+        yield Held()
         return
     flags = [(a, a.flags.writeable) for _, _, _, a in candidates]
-    held: list[HeldArray] = []
+    held = Held()
     original: Callable[..., fx.GraphModule] = eval_frame.rewrite_signature
 
     def rewrite_signature(
@@ -151,7 +160,8 @@ def held_as_constants(root: nn.Module) -> Iterator[list[HeldArray]]:
                 continue
             held.extend(arrays)
             name = f"{CONSTANT_PREFIX}{len(held) - 1}"
-            setattr(graph, name, value.detach())  # the array's own memory: its values as they are
+            held.groups[name] = tuple(arrays)
+            setattr(graph, name, value.detach())  # the array's own memory, for the passes
             with graph.graph.inserting_before(node):
                 constant = graph.graph.get_attr(name)
             constant.meta.update(node.meta)
@@ -171,134 +181,153 @@ def held_as_constants(root: nn.Module) -> Iterator[list[HeldArray]]:
                 array.flags.writeable = writeable
 
 
-def as_plain_attributes(gm: fx.GraphModule, held: list[HeldArray]) -> None:
+def as_plain_attributes(gm: fx.GraphModule, held: Held) -> None:
     """Make the constants plain tensor attributes of ``gm`` (export's signature rewrite copies
-    them in as buffers) and record the arrays on it (:data:`CONSTANTS`)."""
+    them in as buffers) and record the arrays on it (:data:`CONSTANTS`, :data:`GROUPS`)."""
     for name in [b for b in gm._buffers if b.startswith(CONSTANT_PREFIX)]:
         value = gm._buffers.pop(name)
         gm._non_persistent_buffers_set.discard(name)
         object.__setattr__(gm, name, value)
     object.__setattr__(gm, CONSTANTS, tuple(held))
+    object.__setattr__(gm, GROUPS, dict(held.groups))
 
 
-def _equal(now: Any, values: np.ndarray) -> bool:
-    """Same dtype, shape and bytes (bitwise: a NaN equals itself, -0.0 is not 0.0)."""
-    return (
-        isinstance(now, np.ndarray)
-        and now.dtype == values.dtype
-        and now.shape == values.shape
-        and now.tobytes() == values.tobytes()
-    )
+class ArrayReader(nn.Module):
+    """A graph's read of one held array at each call: the copy ``torch.tensor`` makes of the
+    array its attributes hold now (the only use the capture allows).
+
+    WHY read at each call, not keep a tensor: a write in place, or another array of the same
+    dtype and shape put in its place, must be read as eager reads it, and a kept tensor would
+    have to be checked against the array's bytes at every call, which ``torch.compile`` cannot
+    trace. Read so, Dynamo takes the array as an input of the compiled graph, as it does for the
+    original module. What a graph does depend on, the dtype and shape it was captured with and
+    that its attributes hold one array, is checked by :meth:`valid` before each call."""
+
+    holders: tuple[HeldArray, ...]
+    copy: bool
+    array_dtype: np.dtype[Any]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def __init__(self, holders: tuple[HeldArray, ...], array: np.ndarray, copy: bool = True) -> None:
+        super().__init__()
+        # in __dict__, not as submodules: the owners are the user's modules, not this graph's
+        self.__dict__["holders"] = holders
+        self.__dict__["copy"] = copy
+        self.__dict__["array_dtype"] = array.dtype
+        self.__dict__["dtype"] = torch.from_numpy(array[:0].copy()).dtype
+        self.__dict__["shape"] = tuple(array.shape)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``torch.tensor(array, *args, **kwargs)``: the graph's copy of the array, made at the
+        call (one node, not two: retracing the graph to unpickle it cannot pass a traced value
+        to ``torch.tensor``)."""
+        h = self.holders[0]
+        if not self.copy:  # the array itself, where a pass left a use other than a copy
+            return torch.as_tensor(h.owner.__dict__[h.name])
+        return torch.tensor(h.owner.__dict__[h.name], *args, **kwargs)
+
+    def valid(self) -> bool:
+        """The attributes hold one NumPy array, of the captured dtype and shape."""
+        now = self.holders[0].owner.__dict__.get(self.holders[0].name)
+        if not isinstance(now, np.ndarray):
+            return False
+        first: np.ndarray = now
+        for h in self.holders[1:]:
+            if h.owner.__dict__.get(h.name) is not first:
+                return False
+        if torch.compiler.is_compiling():  # Dynamo reads no ndarray dtype; a tensor's it guards
+            t = torch.as_tensor(first)
+            return t.dtype == self.dtype and tuple(t.shape) == self.shape
+        return (
+            first.shape == self.shape
+            and first.dtype == self.array_dtype
+            and all(st >= 0 for st in first.strides)  # torch.as_tensor takes no negative strides
+        )
+
+    def path(self) -> str:
+        return ", ".join(h.path for h in self.holders)
+
+
+def read_at_each_call(gm: fx.GraphModule) -> None:
+    """Replace each of ``gm``'s constants and its copies (``torch.tensor(constant, ...)``, the
+    only use the capture allows) with calls of an :class:`ArrayReader`, once the passes have run
+    (they see the constants as tensors). A constant a pass left another use of is read as the
+    array itself (``torch.as_tensor``, its memory)."""
+    groups: dict[str, tuple[HeldArray, ...]] = getattr(gm, GROUPS, {})
+    changed = False
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        name = str(node.target)
+        holders = groups.get(name)
+        if not holders:
+            continue
+        array = holders[0].owner.__dict__.get(holders[0].name)
+        if not isinstance(array, np.ndarray):
+            continue
+        delattr(gm, name)
+        changed = True
+        if not all(
+            u.op == "call_function" and u.target in _COPYING and u.args[:1] == (node,) for u in node.users
+        ):
+            gm.add_submodule(name, ArrayReader(holders, array, copy=False))
+            node.op = "call_module"
+            continue
+        gm.add_submodule(name, ArrayReader(holders, array))
+        for use in list(node.users):
+            with gm.graph.inserting_before(use):
+                read = gm.graph.call_module(name, tuple(use.args[1:]), dict(use.kwargs))
+            read.meta.update(use.meta)
+            use.replace_all_uses_with(read)
+            gm.graph.erase_node(use)
+        gm.graph.erase_node(node)
+    if changed:
+        gm.recompile()
+
+
+def readers(gm: Any) -> list[ArrayReader]:
+    """The array readers of a graph module (none for anything else)."""
+    if not isinstance(gm, nn.Module):
+        return []
+    return [m for m in gm.children() if isinstance(m, ArrayReader)]
 
 
 @dataclass
 class ArrayWatch:
-    """The array attributes the graphs of one :class:`~optimus.capture.specialized.CallGuard`
-    hold as constants, with the object and values each held when last snapshotted."""
+    """The array reads of the graphs one :class:`~optimus.capture.specialized.CallGuard` holds:
+    a graph is used only while every one of them is :meth:`ArrayReader.valid`."""
 
-    held: list[HeldArray] = field(default_factory=list)
-    seen: list[tuple[Any, np.ndarray | None]] = field(default_factory=list)
-    # the graphs' constants share the arrays' memory (see :meth:`same`); False once they may
-    # not: after unpickling, or a deep copy whose constants could not be re-pointed
-    live: bool = True
+    readers: list[ArrayReader] = field(default_factory=list)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # unpickled, or deep-copied (copy uses this too): the constants were copied apart from
-        # the arrays; :meth:`realias` makes a deep copy's live again
-        state["live"] = False
-        self.__dict__.update(state)
-
-    def add(self, arrays: Iterable[HeldArray]) -> None:
-        """Watch ``arrays`` too (those already watched are left as they are)."""
-        known = {(id(h.owner), h.name) for h in self.held}
-        for h in arrays:
-            if (id(h.owner), h.name) not in known:
-                known.add((id(h.owner), h.name))
-                self.held.append(h)
-                self.seen.append(self._now(h))
-
-    @staticmethod
-    def _now(h: HeldArray) -> tuple[Any, np.ndarray | None]:
-        value = vars(h.owner).get(h.name)
-        return value, value.copy() if isinstance(value, np.ndarray) else None
+    def add(self, graph: Any) -> None:
+        """Watch ``graph``'s reads too."""
+        self.readers.extend(readers(graph))
 
     def same(self) -> bool:
-        """Each attribute is the array it was, with the values it had (dtype and shape too)."""
-        if torch.compiler.is_compiling():
-            return self._same_object()
-        for h, (obj, values) in zip(self.held, self.seen, strict=True):
-            now = vars(h.owner).get(h.name)
-            if now is not obj or values is None or not _equal(now, values):
-                return False
-        return True
-
-    def _same_object(self) -> bool:
-        """The check as Dynamo traces it (``torch.compile`` of the optimized module): each
-        attribute is the array it was, with the same dtype and shape. Dynamo turns these into
-        guards. It cannot guard on an array's values, and needs not: the graph's constant shares
-        the array's memory, so the compiled graph reads the values as they are. Where that may
-        not hold (``live`` is False) the check fails, and the call re-optimizes outside the
-        compiled graph."""
-        if not self.live:
-            return False
-        for h, (obj, values) in zip(self.held, self.seen, strict=True):
-            now = h.owner.__dict__.get(h.name)
-            if now is not obj or values is None:
-                return False
-            t = torch.as_tensor(now)
-            if t.dtype != torch.from_numpy(values).dtype or tuple(t.shape) != values.shape:
-                return False
-        return True
+        """Every read is valid: each array's attributes hold one array, of the captured dtype
+        and shape. Its values and its identity are not checked: the graphs read them."""
+        return all(r.valid() for r in self.readers)
 
     def changed(self) -> str:
-        """Which attributes changed since the snapshot (for the log and the report)."""
-        paths = [
-            h.path
-            for h, (obj, values) in zip(self.held, self.seen, strict=True)
-            if vars(h.owner).get(h.name) is not obj
-            or values is None
-            or not _equal(vars(h.owner).get(h.name), values)
-        ]
-        return ", ".join(paths)
-
-    def realias(self, graphs: Iterable[Any], memo: dict[int, Any]) -> None:
-        """After ``copy.deepcopy(..., memo)`` of ``graphs`` and of this watch: each copied constant
-        shares its copied array's memory, as the originals did (a deep copy makes the tensor and
-        the array two separate copies). The copy is ``live`` if this watch is and every
-        constant was paired so."""
-        copied = memo.get(id(self))
-        if not isinstance(copied, ArrayWatch):
-            return
-        copied.live = self.live
-        arrays = [obj for obj, _ in self.seen if isinstance(obj, np.ndarray)]
-        for graph in graphs:
-            for name, t in vars(graph).items():
-                if not (name.startswith(CONSTANT_PREFIX) and isinstance(t, torch.Tensor)):
-                    continue
-                array = next((a for a in arrays if _shares_memory(t, a)), None)
-                t_copy = memo.get(id(t))
-                a_copy = memo.get(id(array)) if array is not None else None
-                if not (isinstance(t_copy, torch.Tensor) and isinstance(a_copy, np.ndarray)):
-                    copied.live = False
-                    continue
-                shared = torch.as_tensor(a_copy)
-                with torch.no_grad():
-                    t_copy.set_(
-                        shared.untyped_storage(), shared.storage_offset(), shared.shape, shared.stride()
-                    )
+        """The attributes whose reads are no longer valid (for the log and the report)."""
+        return ", ".join(r.path() for r in self.readers if not r.valid())
 
     def refresh(self) -> None:
-        """Snapshot every attribute as it is now (the graphs made from here on hold these)."""
-        self.seen = [self._now(h) for h in self.held]
+        """Forget every read: the graphs that made them are dropped (the graphs made from here
+        on are added)."""
+        self.readers = []
 
 
 __all__ = [
     "CONSTANTS",
     "CONSTANT_PREFIX",
+    "ArrayReader",
     "ArrayWatch",
+    "Held",
     "HeldArray",
     "NotConstant",
     "array_attributes",
     "as_plain_attributes",
     "held_as_constants",
+    "read_at_each_call",
+    "readers",
 ]

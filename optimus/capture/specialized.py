@@ -41,7 +41,10 @@ CHANGED = (
     "the model's parameters, buffers or submodules were replaced since capture (a new object "
     "assigned, load_state_dict(assign=True), a module added or deleted)"
 )
-ARRAYS_CHANGED = "a NumPy array the graph holds as a constant was written or replaced since capture"
+ARRAYS_CHANGED = (
+    "a NumPy array the graph reads was replaced by one of another dtype or shape, or its "
+    "attributes no longer hold one array, since capture"
+)
 
 Recapture = Callable[[nn.Module, tuple[Any, ...]], Callable[..., Any]]
 
@@ -54,7 +57,7 @@ class CallGuard:
         source: nn.Module,
         inputs: tuple[Any, ...],
         recapture: Recapture,
-        arrays: tuple[numpy_constants.HeldArray, ...] = (),
+        graph: Any = None,
     ) -> None:
         self.source = source
         self.sensitive = mode_sensitive_modules(source)
@@ -73,10 +76,10 @@ class CallGuard:
         # ``epoch`` the count the kept variants were captured at
         self.writes = structure_watch.watch(source)
         self.at = self.epoch = self.writes.count
-        # NumPy arrays the graphs hold as constants (optimus.capture.numpy_constants): a write
-        # or a new array counts as a change of the model (every graph kept is dropped)
+        # the graphs' reads of NumPy arrays (optimus.capture.numpy_constants): an array of
+        # another dtype or shape counts as a change of the model (every graph kept is dropped)
         self.arrays = numpy_constants.ArrayWatch()
-        self.arrays.add(arrays)
+        self.arrays.add(graph)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a guard pickled before ``known`` held four fields: slow path only
@@ -153,7 +156,7 @@ class CallGuard:
             log.info("optimus: %s; re-optimizing the original module for this call", reason)
             structure_watch.watch(self.source, self.writes)  # submodules added since: watched too
             graph = self.recapture(self.source, args)
-            self.arrays.add(getattr(graph, numpy_constants.CONSTANTS, ()))
+            self.arrays.add(graph)
             # the capture itself may write the dicts (it restores what forward assigned)
             self.epoch = self.writes.count
             self.variants[key] = graph
@@ -232,8 +235,6 @@ class SpecializedGraphModule(fx.GraphModule):
         guard = self.__dict__.get(GUARD)
         if guard is not None:
             object.__setattr__(res, GUARD, copy.deepcopy(guard, memo))
-            graphs = [self, *guard.variants.values(), *(k[2] for k in guard.known)]
-            guard.arrays.realias([g for g in graphs if isinstance(g, nn.Module)], memo)
         return res
 
     def __copy__(self) -> fx.GraphModule:
@@ -261,8 +262,7 @@ def specialize(
 ) -> fx.GraphModule:
     """Turn ``gm`` (captured from ``source`` on ``inputs``) into a :class:`SpecializedGraphModule`
     in place (same object, attributes and parameters) and return it."""
-    arrays = getattr(gm, numpy_constants.CONSTANTS, ())
-    return specialize_with(gm, CallGuard(source, inputs, recapture, arrays))
+    return specialize_with(gm, CallGuard(source, inputs, recapture, gm))
 
 
 def _unpickle(fn: Callable[..., fx.GraphModule], args: tuple[Any, ...]) -> fx.GraphModule:
