@@ -116,6 +116,7 @@ def test_a_mode_switch_under_fullgraph_compile_names_the_cause() -> None:
     result."""
     model, gm = _optimized("relayout")
     x = torch.randn(8, 256)
+    torch._dynamo.reset()  # each optimized module is a type of its own: a fresh recompile budget
     strict = torch.compile(gm, backend="eager", fullgraph=True)
     strict(x)
     gm.eval()

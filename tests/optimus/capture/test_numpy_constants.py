@@ -135,8 +135,10 @@ def test_an_array_forward_may_write_is_not_a_constant() -> None:
 
 def test_under_torch_compile_the_arrays_are_read_as_they_are() -> None:
     """``torch.compile(optimize(model), fullgraph=True)``, as the harness compiles it: Dynamo
-    traces the per-call check (it cannot read an array's values), and the constants share the
-    arrays' memory, so a write in place is read by the compiled graph without a re-capture."""
+    traces the per-call check (it cannot read an array's values or dtype), and the graph reads
+    the arrays at each call, so a write in place is read by the compiled graph without a
+    re-capture."""
+    torch._dynamo.reset()  # each optimized module is a type of its own: a fresh recompile budget
     model, ref, x = _pair()
     gm = optimus.optimize(model, (x,))
     reads = [m for m in gm.children() if isinstance(m, ArrayReader)]
@@ -163,6 +165,7 @@ def test_under_torch_compile_the_arrays_are_read_as_they_are() -> None:
 
 
 def test_under_torch_compile_another_dtype_re_optimizes_outside_the_graph() -> None:
+    torch._dynamo.reset()  # each optimized module is a type of its own: a fresh recompile budget
     model, ref, x = _pair()
     gm = optimus.optimize(model, (x,))
     compiled = torch.compile(gm, dynamic=False)  # not fullgraph: the re-capture runs eagerly
@@ -203,6 +206,7 @@ def test_a_deep_copy_and_an_unpickled_copy_read_their_own_arrays() -> None:
     import copy
     import pickle
 
+    torch._dynamo.reset()  # each optimized module is a type of its own: a fresh recompile budget
     model, _, x = _pair()
     gm = optimus.optimize(model, (x,))
     for twin in (copy.deepcopy(gm), pickle.loads(pickle.dumps(gm))):  # pickle: as torch.save(model)
