@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -234,7 +235,7 @@ class SpecializedGraphModule(fx.GraphModule):
         res = super().__deepcopy__(memo)
         guard = self.__dict__.get(GUARD)
         if guard is not None:
-            object.__setattr__(res, GUARD, copy.deepcopy(guard, memo))
+            specialize_with(res, copy.deepcopy(guard, memo))
         return res
 
     def __copy__(self) -> fx.GraphModule:
@@ -271,8 +272,18 @@ def _unpickle(fn: Callable[..., fx.GraphModule], args: tuple[Any, ...]) -> fx.Gr
     return specialize_with(gm, guard) if isinstance(guard, CallGuard) else gm
 
 
+def _own_call() -> Callable[..., Any]:
+    """``SpecializedGraphModule.__call__`` with a code object of its own. Why: Dynamo keeps its
+    compiled entries, and counts them against ``recompile_limit`` (8), per code object, and each
+    optimized module is a class of its own (a type guard per entry): with one shared ``__call__``
+    the ninth optimized module compiled in a process ran uncompiled, or failed under
+    ``fullgraph=True``."""
+    f = SpecializedGraphModule.__call__
+    return types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+
+
 def specialize_with(gm: fx.GraphModule, guard: CallGuard) -> fx.GraphModule:
-    gm.__class__ = type("GraphModuleImpl", (SpecializedGraphModule,), {})
+    gm.__class__ = type("GraphModuleImpl", (SpecializedGraphModule,), {"__call__": _own_call()})
     object.__setattr__(gm, GUARD, guard)
     gm.recompile()
     return gm

@@ -4,6 +4,8 @@ result re-optimizes for it, keeps that graph (bounded), and says so in the repor
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from caller_world_models import CONFIGS, ScaledTowers, backward_grads
@@ -126,3 +128,20 @@ def test_a_mode_switch_under_fullgraph_compile_names_the_cause() -> None:
     torch._dynamo.reset()
     loose = torch.compile(gm, backend="eager")
     torch.testing.assert_close(loose(x), model(x))
+
+
+def test_many_optimized_modules_compile_in_one_process() -> None:
+    """Dynamo counts compiled entries per code object against ``recompile_limit`` (8), and each
+    optimized module is a class of its own: each has its own ``__call__`` code, so the ninth and
+    later still compile under ``fullgraph=True`` (they failed with one shared ``__call__``)."""
+    torch._dynamo.reset()
+    limit = torch._dynamo.config.recompile_limit
+    for _ in range(limit + 2):
+        model, gm = _optimized()
+        x = torch.randn(8, 256)
+        compiled = torch.compile(gm, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+    for _ in range(limit + 2):  # deep copies are classes of their own too
+        twin = copy.deepcopy(gm)
+        compiled = torch.compile(twin, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
