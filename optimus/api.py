@@ -485,7 +485,7 @@ def capture_and_optimize(
     numpy_constants.read_at_each_call(gm)  # after the passes, which take them as constants
     report.capture = "export"
     report.capture_reason = "torch._dynamo.export captured forward as one graph"
-    held = getattr(gm, numpy_constants.CONSTANTS, ())
+    held = [h for group in getattr(gm, numpy_constants.GROUPS, {}).values() for h in group]
     if held:
         report.capture_reason += (
             f", the NumPy arrays {', '.join(h.path for h in held)} read at each call (forward only "

@@ -72,7 +72,7 @@ def export(module: nn.Module, inputs: Sequence[Any]) -> fx.GraphModule:
 
     NumPy array attributes that ``forward`` only copies into tensors are held as constants of the
     graph (:mod:`optimus.capture.numpy_constants`; the arrays are listed in the graph module's
-    ``_optimus_numpy_constants``), which the optimized graph reads at each call;
+    ``_optimus_numpy_groups``), which the optimized graph reads at each call;
     :class:`~optimus.capture.numpy_constants.NotConstant` where such an array may not be one.
     """
     try:

@@ -49,8 +49,9 @@ import torch
 from torch import fx, nn
 
 CONSTANT_PREFIX = "_optimus_ndarray_"  # plain tensor attributes holding the arrays' values
-CONSTANTS = "_optimus_numpy_constants"  # on the exported GraphModule: the arrays it holds
-GROUPS = "_optimus_numpy_groups"  # on it too: per constant, the attributes that held its array
+GROUPS = (
+    "_optimus_numpy_groups"  # on the exported GraphModule: per constant, the attributes that held its array
+)
 
 
 class NotConstant(RuntimeError):
@@ -183,12 +184,11 @@ def held_as_constants(root: nn.Module) -> Iterator[Held]:
 
 def as_plain_attributes(gm: fx.GraphModule, held: Held) -> None:
     """Make the constants plain tensor attributes of ``gm`` (export's signature rewrite copies
-    them in as buffers) and record the arrays on it (:data:`CONSTANTS`, :data:`GROUPS`)."""
+    them in as buffers) and record the arrays on it (:data:`GROUPS`)."""
     for name in [b for b in gm._buffers if b.startswith(CONSTANT_PREFIX)]:
         value = gm._buffers.pop(name)
         gm._non_persistent_buffers_set.discard(name)
         object.__setattr__(gm, name, value)
-    object.__setattr__(gm, CONSTANTS, tuple(held))
     object.__setattr__(gm, GROUPS, dict(held.groups))
 
 
@@ -318,7 +318,6 @@ class ArrayWatch:
 
 
 __all__ = [
-    "CONSTANTS",
     "CONSTANT_PREFIX",
     "ArrayReader",
     "ArrayWatch",
