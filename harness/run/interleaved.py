@@ -132,6 +132,8 @@ def run_ab(
         q1, med, q3 = (float(v) for v in np.percentile(x, [25, 50, 75]))
         row: dict[str, Any] = {"median_ms": med, "iqr_ms": q3 - q1, "rounds_ms": [float(v) for v in x],
                                "first_call_s": side["compile_s"][0], "worker_ms": side["worker_ms"]}  # fmt: skip
+        if not i:  # the base's processes (each mode's figure holds the same base spread)
+            row["process_spread"] = m["figures"][0]["process_spread"]["base"]
         if i:
             fig, par = m["figures"][i - 1], m["parity"][i - 1]
             lo, hi = fig["ci95"]  # of the mode's time over the base's: a speedup is its inverse
@@ -193,4 +195,21 @@ def format_ab(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {mode} | {r['median_ms']:.3f} ({r['iqr_ms']:.3f}) | {speed} | {r['first_call_s']:.1f} | {par} |"
         )
+    if cfg.get("nproc", 1) == 1:
+        lines += ["", _process_line(doc)]
     return "\n".join(lines)
+
+
+def _process_line(doc: dict[str, Any]) -> str:
+    """How far each mode's worker processes differed, or why that is unknown.
+
+    WHY printed with every ``ab``: two compiled processes of one graph can differ by several
+    percent on a CPU (13.7% on deepctr.xDeepFM training here), more than the interval above,
+    which covers the rounds of these processes only. A reader of a one-process figure near a line needs
+    to know that it holds one compile a mode."""
+    if doc["config"].get("processes", 1) < 2:
+        return ("One worker process a mode: the interval covers the rounds, not the compiles; "
+                "`--processes 2` shows how far two compiled processes of a mode differ.")  # fmt: skip
+    spreads = [f"{mode} {r['process_spread']:.1%}" for mode, r in doc["modes"].items()
+               if r.get("process_spread") is not None]  # fmt: skip
+    return f"Processes of a mode apart (slowest over fastest): {', '.join(spreads) or 'not recorded'}."

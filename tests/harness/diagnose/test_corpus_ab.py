@@ -13,22 +13,28 @@ from harness import cli, exit_codes
 from harness.diagnose import corpus_ab
 
 
-def ab_doc(model: str, phase: str, speedup: float, ci: tuple[float, float], base_ms: float = 2.0) -> dict:
+def ab_doc(
+    model: str, phase: str, speedup: float, ci: tuple[float, float], base_ms: float = 2.0, processes: int = 1
+) -> dict:
+    spread = {"process_spread": 0.05} if processes > 1 else {}
     return {
         "kind": "ab", "model": model, "scale": "small", "phase": phase, "base": "compile",
-        "config": {"rounds": 21, "steps": 20},
+        "config": {"rounds": 21, "steps": 20, "processes": processes},
         "modes": {
-            "compile": {"median_ms": base_ms, "first_call_s": 20.0},
+            "compile": {"median_ms": base_ms, "first_call_s": 20.0, **spread},
             "compile+optimus": {"median_ms": base_ms / speedup, "first_call_s": 10.0, "speedup_vs_base": speedup,
-                                "speedup_ci95": list(ci), "parity_vs_base": {"ok": True, "max_abs_err": 0.0}},
+                                "speedup_ci95": list(ci), "parity_vs_base": {"ok": True, "max_abs_err": 0.0},
+                                **spread},
         },
     }  # fmt: skip
 
 
-def write_ab(out: Path, model: str, phase: str, speedup: float, ci: tuple[float, float]) -> None:
-    path = corpus_ab.ab_path(out, model, phase)
+def write_ab(
+    out: Path, model: str, phase: str, speedup: float, ci: tuple[float, float], processes: int = 1
+) -> None:
+    path = corpus_ab.ab_path(out, model, phase, confirm=processes > 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ab_doc(model, phase, speedup, ci)))
+    path.write_text(json.dumps(ab_doc(model, phase, speedup, ci, processes=processes)))
 
 
 def test_the_tables_per_zoo(tmp_path: Path) -> None:
@@ -47,6 +53,7 @@ def test_the_tables_per_zoo(tmp_path: Path) -> None:
         "phase": "train",
         "speedup": 0.90,
         "ci95": [0.85, 0.95],
+        "processes": 1,
     }
     assert rechub["below"] == ["rechub.MMOE/train", "rechub.PLE/train"]
     assert rechub["clearly_below"] == ["rechub.PLE/train"]
@@ -87,6 +94,7 @@ def test_the_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         ["corpus-ab", "--out-dir", str(tmp_path), "--phases", "backward"],
         ["corpus-ab", "--out-dir", str(tmp_path), "--rounds", "1"],
         ["corpus-ab", "--out-dir", str(tmp_path), "--timeout-s", "0"],
+        ["corpus-ab", "--out-dir", str(tmp_path), "--confirm-processes", "1"],
     ]
     for argv in cases:
         assert cli.main(argv) == exit_codes.BAD_INPUT, argv
@@ -98,3 +106,68 @@ def test_from_dir_prints_the_tables(tmp_path: Path, capsys: pytest.CaptureFixtur
     write_ab(tmp_path, "rechub.MMOE", "infer", 1.10, (1.05, 1.15))
     assert cli.main(["corpus-ab", "--from-dir", str(tmp_path)]) == exit_codes.OK
     assert "| rechub.MMOE | 1.100x (1.050-1.150) | error: not run |" in capsys.readouterr().out
+
+
+def test_a_cell_below_the_line_is_judged_by_its_measurement_again(tmp_path: Path) -> None:
+    write_ab(tmp_path, "rechub.MMOE", "infer", 1.10, (1.05, 1.15))
+    write_ab(tmp_path, "rechub.MMOE", "train", 0.90, (0.88, 0.92))  # one slow process
+    write_ab(tmp_path, "rechub.MMOE", "train", 1.05, (1.02, 1.08), processes=2)  # not the rewrite
+    write_ab(tmp_path, "rechub.PLE", "train", 0.95, (0.93, 0.97))
+    write_ab(tmp_path, "rechub.PLE", "train", 0.96, (0.94, 0.97), processes=2)  # slower again
+    write_ab(tmp_path, "rechub.DCN", "train", 1.20, (1.10, 1.30), processes=2)  # no first figure: not a cell
+    doc = corpus_ab.collect(tmp_path)
+    assert "rechub.DCN" not in doc["models"]
+    z = corpus_ab.per_zoo(doc)["rechub"]
+    assert z["train"] == pytest.approx(0.925)  # the medians: first figures, every cell measured alike
+    assert z["below_first"] == ["rechub.MMOE/train", "rechub.PLE/train"]
+    assert z["below"] == z["clearly_below"] == ["rechub.PLE/train"]
+    assert z["confirmed"] == ["rechub.MMOE/train", "rechub.PLE/train"]
+    assert z["lowest"] == {"model": "rechub.PLE", "phase": "train", "speedup": 0.96, "ci95": [0.94, 0.97],
+                           "processes": 2}  # fmt: skip
+    text = corpus_ab.markdown(doc)
+    assert (
+        "| rechub | 2 | 1.100x | 0.925x | 0.960x (0.940-0.970), rechub.PLE train | 1 (2 at first) | 1 |"
+        in text
+    )
+    assert ("| rechub.MMOE | 1.100x (1.050-1.150) | 0.900x (0.880-0.920); again, 2 processes a mode: "
+            "1.050x (1.020-1.080); processes apart 5.0% |") in text  # fmt: skip
+
+
+def test_only_cells_below_the_line_are_measured_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first figures are present (a resumed run measures none of them again); the cell below
+    the line is measured again with two processes a mode, once; a failed measurement again is an
+    error on its row and exit 3, and the cell is judged by its first figure."""
+    write_ab(tmp_path, "rechub.MMOE", "infer", 1.10, (1.05, 1.15))
+    write_ab(tmp_path, "rechub.MMOE", "train", 0.90, (0.88, 0.92))
+    write_ab(tmp_path, "rechub.PLE", "infer", 0.97, (0.90, 1.02))
+    write_ab(tmp_path, "rechub.PLE", "train", 1.30, (1.20, 1.40))
+    calls: list[tuple[str, str, int]] = []
+
+    def fake_run_one(
+        out_dir: Path, model: str, phase: str, rounds: int, steps: int, **kw: object
+    ) -> str | None:
+        calls.append((model, phase, int(kw["processes"])))  # type: ignore[call-overload]
+        if model == "rechub.PLE":
+            return "compile+optimus worker 1 failed 'prepare': boom"
+        write_ab(out_dir, model, phase, 1.02, (0.99, 1.04), processes=int(kw["processes"]))  # type: ignore[call-overload]
+        return None
+
+    monkeypatch.setattr(corpus_ab, "run_one", fake_run_one)
+    argv = ["corpus-ab", "--out-dir", str(tmp_path), "--models", "rechub.MMOE,rechub.PLE"]
+    assert cli.main(argv) == exit_codes.INCOMPLETE
+    assert sorted(calls) == [("rechub.MMOE", "train", 2), ("rechub.PLE", "infer", 2)]
+    out = capsys.readouterr().out
+    assert "0.900x (0.880-0.920); again, 2 processes a mode: 1.020x (0.990-1.040)" in out
+    assert "| rechub.PLE | 0.970x (0.900-1.020); measured again: compile+optimus worker 1 failed" in out
+    assert (
+        "| rechub | 2 | 1.035x | 1.100x | 0.970x (0.900-1.020), rechub.PLE infer | 1 (2 at first) | 0 |"
+        in out
+    )
+    calls.clear()
+    assert cli.main([*argv, "--confirm-processes", "3"]) == exit_codes.INCOMPLETE
+    assert calls == [("rechub.PLE", "infer", 3)]  # the confirmed cell is not measured again
+    calls.clear()
+    assert cli.main([*argv, "--confirm-processes", "0"]) == exit_codes.OK
+    assert calls == []

@@ -74,6 +74,28 @@ def test_run_ab_on_a_tiny_model(tmp_path: Path) -> None:
     assert row["parity_vs_base"]["ok"] is True
     assert len(row["rounds_ms"]) == 3 and row["speedup_vs_base"] > 0
     assert "| eager+optimus |" in interleaved.format_ab(doc)
+    assert (
+        "One worker process a mode: the interval covers the rounds, not the compiles"
+        in interleaved.format_ab(doc)
+    )
+
+
+def test_the_table_says_how_far_each_modes_processes_differ() -> None:
+    row = {"median_ms": 2.0, "iqr_ms": 0.1, "first_call_s": 1.0}
+    doc = {
+        "model": "m", "scale": "small", "phase": "train", "base": "compile",
+        "config": {"rounds": 5, "steps": 2, "processes": 2},
+        "modes": {
+            "compile": {**row, "process_spread": 0.021},
+            "compile+optimus": {**row, "process_spread": 0.137, "speedup_vs_base": 1.0, "speedup_ci95": (0.9, 1.1),
+                                "parity_vs_base": {"ok": True, "max_abs_err": 0.0}},
+        },
+    }  # fmt: skip
+    text = interleaved.format_ab(doc)
+    assert "2 worker process(es) per mode" in text
+    assert text.endswith(
+        "Processes of a mode apart (slowest over fastest): compile 2.1%, compile+optimus 13.7%."
+    )
 
 
 def test_cli_ab_writes_json_and_checks_its_arguments(
