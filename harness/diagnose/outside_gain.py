@@ -1,13 +1,15 @@
 """The rules' own gain on models this repository did not write (``models.outside``).
 
     python -m harness.diagnose.outside_gain --out-dir results/outside-corpus [--models deepctr.MMOE,...]
-        [--zoos rechub,...] [--guard off|graph|rules]
+        [--zoos rechub,...] [--guard off|graph|rules] [--rounds 9 --steps 5 --block-ms 25]
     python -m harness.diagnose.outside_gain --from-json RUN.json [RUN2.json ...]
 
 WHY: does Optimus find structure in other people's models, not only in its own? The gain of the
 rules alone is ``optimize(rules=[])`` (the same Dynamo capture, the same re-layout config, no
 rewrite) against ``optimize()`` with every rule, in eager (no compiler), timed interleaved in one
-process (``harness.run.interleaved``): forward, and forward+backward in train mode. Each model also
+process (``harness.run.interleaved``), in blocks of at least ``--block-ms`` (more steps where a
+step is short: a sub-millisecond block is shorter than a scheduler's slice, and one preemption
+then decides a round): forward, and forward+backward in train mode. Each model also
 gets a parity check against eager (values, every parameter's gradient, every buffer after one
 step) and the report's own account: nodes before/after, rules fired, declines, capture path.
 A model that fails to build or optimize is a row with its error; the others go on.
@@ -50,6 +52,9 @@ from optimus.params.relayout import RelayoutParams
 from optimus.report import OptimusReport
 
 SCHEMA = "optimus-bench/outside-gain/1"
+# a timed block lasts at least this long (harness.measure.timing.block_steps): at 5 steps a block,
+# torchrec's sub-millisecond steps gave intervals of 0.1-11x on a shared machine
+BLOCK_MS = 25.0
 GUARDS = ("off", "graph", "rules")  # OptimusConfig.guard
 RTOL, ATOL = 1e-4, 1e-5
 WHOLE_GRAPH = ("export", "graph")
@@ -135,10 +140,13 @@ def _contender(
     return timing.Contender(label, step, 0.0, None)
 
 
-def gain(name: str, rounds: int, steps: int, seed: int = 0, guard: str = "off") -> dict[str, Any]:
+def gain(
+    name: str, rounds: int, steps: int, seed: int = 0, guard: str = "off", block_ms: float = 0.0
+) -> dict[str, Any]:
     """Median per-round speedup (and its bootstrap interval) of the rules over plain capture;
     with ``guard`` on, of what the guarded ``optimize`` kept (its verdict is the phase's
-    ``guard``). The plain capture side is never guarded: it rewrites nothing."""
+    ``guard``). The plain capture side is never guarded: it rewrites nothing. A block is
+    ``steps`` steps, or more so that it lasts ``block_ms`` (the phase's ``steps``)."""
     out: dict[str, Any] = {}
     for phase, train in (("forward", False), ("forward+backward", True)):
         contenders = []
@@ -155,25 +163,35 @@ def gain(name: str, rounds: int, steps: int, seed: int = 0, guard: str = "off") 
                 return {"skipped": f"capture {report.capture!r}: {SKIP_WHY}"}
             verdict = report.guard
             contenders.append(_contender(label, model, gm, inputs, train))
-        samples = timing.interleave(contenders, rounds=rounds, steps=steps, warmup=3)
+        for c in contenders:  # warm, before the block's length is read from them
+            for _ in range(3):
+                c.step()
+        per_block = timing.block_steps([c.step for c in contenders], steps, block_ms / 1e3)
+        samples = timing.interleave(contenders, rounds=rounds, steps=per_block, warmup=0)
         summary = interleaved.summarize(samples, "capture")
         out[phase] = {
             "speedup": summary["rules"]["speedup_vs_base"],
             "ci95": summary["rules"]["speedup_ci95"],
             "capture_ms": summary["capture"]["median_ms"],
             "rules_ms": summary["rules"]["median_ms"],
+            "steps": per_block,
         }
         if guard != "off":
             out[phase]["guard"] = verdict
     return out
 
 
-def measure(names: Sequence[str], rounds: int, steps: int, guard: str = "off") -> dict[str, Any]:
+def measure(
+    names: Sequence[str], rounds: int, steps: int, guard: str = "off", block_ms: float = 0.0
+) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
         try:
-            rows[name] = {"parity": parity(name, guard=guard), "gain": gain(name, rounds, steps, guard=guard)}
+            rows[name] = {
+                "parity": parity(name, guard=guard),
+                "gain": gain(name, rounds, steps, guard=guard, block_ms=block_ms),
+            }
         except Exception as exc:  # one model's failure is its row; the others still run
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
             traceback.print_exc(limit=2)
@@ -183,6 +201,7 @@ def measure(names: Sequence[str], rounds: int, steps: int, guard: str = "off") -
         "threads": torch.get_num_threads(),
         "rounds": rounds,
         "steps": steps,
+        "block_ms": block_ms,
         "guard": guard,
         "models": rows,
     }
@@ -300,6 +319,12 @@ def architecture_markdown(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _block(doc: dict[str, Any]) -> str:
+    if not doc.get("block_ms"):  # runs before blocks had a length: a fixed count
+        return f"{doc['steps']} steps"
+    return f"blocks of at least {doc['block_ms']:g} ms (at least {doc['steps']} steps; each phase's count in the JSON)"
+
+
 def _fmt_gain(g: dict[str, Any]) -> str:
     lo, hi = g["ci95"]
     verdict = f", guard {g['guard']}" if "guard" in g else ""
@@ -322,7 +347,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"torch {doc['torch']}, {doc['threads']} thread(s), eager, re-layout on; optimize() with every rule"
         f" against optimize(rules=[]) (the same capture); medians of {doc['rounds']} interleaved rounds of"
-        f" {doc['steps']} steps, bootstrap 95% interval. Parity: one train step against eager"
+        f" {_block(doc)}, bootstrap 95% interval. Parity: one train step against eager"
         " (outputs, every gradient, every buffer).",
         "",
         _guard_header(doc),
@@ -375,7 +400,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the tables of a run's outside-gain.json (or of runs of disjoint models), measuring nothing",
     )
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="steps a block, at least (default: 5)")
+    parser.add_argument("--block-ms", type=float, default=BLOCK_MS,
+                        help=f"a block lasts at least this long: more steps where they are short; 0: "
+                             f"exactly --steps (default: {BLOCK_MS:g})")  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared machine)"
     )
@@ -387,10 +415,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps", "guard")
+MEASUREMENT_KEYS = ("torch", "threads", "rounds", "steps", "block_ms", "guard")
 
 
 def _key(doc: dict[str, Any], key: str) -> Any:
+    if key == "block_ms":
+        return doc.get(key, 0.0)  # runs before blocks had a length: a fixed count of steps
     return guard_of(doc) if key == "guard" else doc[key]
 
 
@@ -448,11 +478,11 @@ def main_from_args(args: argparse.Namespace) -> int:
     if unknown:
         print(f"outside_gain: unknown or not installed: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    if args.rounds < 1 or args.steps < 1:
-        print("outside_gain: --rounds and --steps must be >= 1", file=sys.stderr)
+    if args.rounds < 1 or args.steps < 1 or not args.block_ms >= 0:
+        print("outside_gain: --rounds and --steps must be >= 1, --block-ms >= 0", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    doc = measure(names, args.rounds, args.steps, args.guard)
+    doc = measure(names, args.rounds, args.steps, args.guard, args.block_ms)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out_dir / "outside-gain.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
     write_atomic(args.out_dir / "outside-gain.md", markdown(doc))

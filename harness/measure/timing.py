@@ -146,6 +146,31 @@ class Contender:
     optimizer: Any = None
 
 
+def block_steps(
+    steps: Sequence[Callable[[], object]],
+    at_least: int,
+    block_s: float,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+    most: int = 1000,
+) -> int:
+    """Steps per timed block, the same for every one of ``steps``: ``at_least``, or more so that
+    the fastest step's block lasts ``block_s`` (at most ``most``). Each step runs ``at_least``
+    times to estimate it.
+
+    WHY: a block of a few sub-millisecond steps is shorter than a scheduler's time slice, so on a
+    shared machine a preemption either misses a block or takes it whole, and the per-round ratio
+    of two such blocks swings by several times (intervals of 0.1-11x on torchrec's models at 5
+    steps a block). A block of tens of milliseconds averages the preemptions in. One count for all
+    keeps the contenders' blocks alike, so a round's ratio compares like with like."""
+    if at_least < 1 or not block_s >= 0 or most < at_least:
+        raise ValueError(f"block_steps: at_least {at_least}, block_s {block_s}, most {most}")
+    if block_s == 0:
+        return at_least
+    fastest = min(time_block(s, at_least, sync, clock) / at_least for s in steps)
+    return max(at_least, min(most, math.ceil(block_s / max(fastest, 1e-9))))
+
+
 def interleave(
     contenders: Sequence[Contender],
     rounds: int,

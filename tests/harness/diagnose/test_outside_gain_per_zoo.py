@@ -257,3 +257,33 @@ def test_a_run_from_before_the_option_reads_as_unguarded_and_joins_no_guarded_ru
     with pytest.raises(SystemExit) as exit_:
         outside_gain.main(["--guard", "sometimes", "--from-json", str(old)])
     assert exit_.value.code == 2 and "--guard: invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_a_block_lasts_at_least_block_ms_and_the_run_records_each_phases_count(
+    tmp_path: Path, towers_corpus: list[OptimusConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _run(tmp_path, "--block-ms", "5")
+    assert doc["block_ms"] == 5.0 and doc["steps"] == 1
+    for phase in ("forward", "forward+backward"):
+        g = doc["models"]["rechub.Towers"]["gain"][phase]
+        # more than one step a block: a step of the stand-in model is far below 5 ms
+        assert g["steps"] > 1 and g["steps"] * min(g["capture_ms"], g["rules_ms"]) > 2.5
+    assert "interleaved rounds of blocks of at least 5 ms (at least 1 steps" in capsys.readouterr().out
+    exact = _run(tmp_path, "--block-ms", "0")
+    assert all(
+        exact["models"]["rechub.Towers"]["gain"][ph]["steps"] == 1 for ph in ("forward", "forward+backward")
+    )
+
+
+def test_runs_of_other_block_lengths_do_not_join(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc()  # no "block_ms", as runs before the option: a fixed count of steps
+    assert "interleaved rounds of 2 steps" in outside_gain.markdown(doc)
+    old, blocked = tmp_path / "old.json", tmp_path / "blocked.json"
+    old.write_text(json.dumps({**doc, "models": {"deepctr.A": doc["models"]["deepctr.A"]}}))
+    blocked.write_text(
+        json.dumps({**doc, "block_ms": 25.0, "models": {"rechub.A": doc["models"]["rechub.A"]}})
+    )
+    assert outside_gain.main(["--from-json", str(old), str(blocked)]) == 2
+    assert "measured with another block_ms" in capsys.readouterr().err
+    assert outside_gain.main(["--out-dir", str(tmp_path), "--block-ms", "-1"]) == 2
+    assert "--block-ms >= 0" in capsys.readouterr().err

@@ -60,3 +60,27 @@ def test_step_peak_memory_adds_static_tensors() -> None:
     assert out["peak_mem_static_bytes"] == 40000
     assert out["peak_mem_bytes"] == 40000 + out["peak_mem_step_bytes"]
     assert out["peak_mem_step_bytes"] >= 40000
+
+
+def test_a_block_has_enough_steps_to_last_block_s_the_same_count_for_every_step() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def step_of(seconds: float):  # type: ignore[no-untyped-def]
+        def step() -> None:
+            now[0] += seconds
+
+        return step
+
+    # powers of two, so that the fake clock's sums are exact
+    fast, slow, block = step_of(2.0**-13), step_of(2.0**-8), 2.0**-5
+    # the fastest step sets the count: 0.12 ms a step, 31 ms a block
+    assert timing.block_steps([slow, fast], 5, block, clock=clock) == 256
+    assert timing.block_steps([slow], 5, block, clock=clock) == 8
+    assert timing.block_steps([step_of(0.25)], 5, block, clock=clock) == 5  # never below at_least
+    assert timing.block_steps([fast], 5, block, clock=clock, most=100) == 100
+    assert timing.block_steps([fast], 5, 0.0, clock=clock) == 5
+    with pytest.raises(ValueError, match="block_steps"):
+        timing.block_steps([fast], 0, block, clock=clock)
