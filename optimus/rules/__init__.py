@@ -39,6 +39,7 @@ from optimus.rules.splitcat.stack_cast_pieces import StackCastPieces
 from optimus.rules.splitcat.stack_pieces import StackPieces
 from optimus.rules.splitcat.stack_unbind import StackUnbind
 from optimus.rules.splitcat.unbind_cat import UnbindCat
+from optimus.rules.splitcat.unsqueeze_cat import UnsqueezeCat
 
 REGISTRY: dict[str, type] = {
     # cleanup (run at the start of every round; functionalize_inplace first: it unpins what dce/cse
@@ -78,6 +79,7 @@ REGISTRY: dict[str, type] = {
     "cat_pieces": CatPieces,  # cat of adjacent equal pieces along another dim: one clone
     "cat_gather": CatGather,  # cat of repeated/permuted unbind pieces (pairwise layers): one gather
     "reshape_pieces": ReshapePieces,  # stack/cat of equally reshaped adjacent pieces: one reshape, one clone
+    "unsqueeze_cat": UnsqueezeCat,  # cat of unsqueezes on its dim (RecBole's field inputs): one stack
     "split_squeeze": SplitSqueeze,  # size-1 split pieces squeezed on the split dim: an unbind (cleanup)
 }
 

@@ -73,6 +73,17 @@ CHECKPOINT_KINDS = ("checkpointed",)  # torch.utils.checkpoint.checkpoint(self.c
 # ReLU -> Dropout`` (batch_batch_norm, in the module's mode). BN_WIDTH channels: 64 bytes of float32,
 # the smallest width batch_batch_norm batches on the CPU.
 BN_KINDS = ("bn_expert",)
+# Drawn after all of the above: RecBole's input layer, ``torch.cat([field.unsqueeze(1) for field in
+# fields], 1)`` (unsqueeze_cat), in the spellings of ``FIELD_FORMS`` (``variant``).
+FIELD_KINDS = ("field_cat",)
+FIELD_FORMS = {
+    "columns": "torch.cat([{s}[:, j].unsqueeze(1) for j in range({n})], 1)",  # views of the source
+    "fresh": "torch.cat([torch.tanh({s}[:, j]).unsqueeze(-1) for j in range({n})], -1)",  # a negative dim
+    "rows": "torch.cat([torch.unsqueeze({s}[j] * 2.0, 0) for j in range({b})], 0)",  # on dim 0
+    # one input not unsqueezed, and one on another dim: the cat must stay
+    "mixed": "torch.cat([{s}[:, 0].unsqueeze(1), {s}[:, 1:2] * 1.0, {s}[:, 2].unsqueeze(1)], 1)",
+    "other_dim": "torch.cat([{s}[:, 0].unsqueeze(0), {s}[:, 1].unsqueeze(0)], 1)",
+}
 BN_WIDTH = 16
 # The BatchNorm1d of a group (``variant``): the momentum forms (a float, None = a cumulative
 # average read from num_batches_tracked), no affine parameters, no running statistics.
@@ -561,7 +572,20 @@ def generate(c: Choices, max_groups: int = 3) -> Spec:
         members = [*spec.members, *_bn_expert_group(c)]
         members.sort(key=lambda m: (not mutates_source(m), not m.writes))
         spec = replace(spec, members=tuple(members))
+    # Drawn after everything above: 1..2 field input layers in one program in three.
+    if c.integer(0, 2) == 0:
+        members = [*spec.members, *_field_cat_group(c)]
+        members.sort(key=lambda m: (not mutates_source(m), not m.writes))
+        spec = replace(spec, members=tuple(members))
     return spec
+
+
+def _field_cat_group(c: Choices) -> list[Member]:
+    """1..2 RecBole input layers: each a cat of its source's columns (or rows), unsqueezed."""
+    return [
+        legalize(replace(_member(c, "field_cat", c.choice(SOURCES)), variant=c.choice(tuple(FIELD_FORMS))))
+        for _ in range(c.integer(1, 2))
+    ]
 
 
 def _joins_towers(m: Member) -> bool:
@@ -648,6 +672,8 @@ def features(spec: Spec) -> set[str]:
             out.add(f"{m.kind}:{m.shared}")
         if m.kind in BN_KINDS:
             out |= {f"{m.kind}:{m.variant}", f"{m.kind}:dropout{m.shared}"}
+        if m.kind in FIELD_KINDS:
+            out.add(f"{m.kind}:{m.variant}")
         if m.joined:
             out.add(f"{m.kind}:joined")
     for kind in GROUP_KINDS:
@@ -840,6 +866,8 @@ def _emit_member(m: Member, i: int, spec: Spec) -> tuple[list[str], list[str]]:
             outs += [f"n{i}"]
     elif m.kind == "bn_expert":
         lines += [f"{o} = self.bx{i}({s})"]
+    elif m.kind == "field_cat":
+        lines += [f"{o} = {FIELD_FORMS[m.variant].format(s=s, n=min(spec.width, 4), b=spec.batch)}"]
     elif m.kind == "checkpointed":
         call = CHECKPOINT_CALLS[m.shared]
         lines += [f"{o} = torch.utils.checkpoint.checkpoint(self.ck{i}, {s}, {call})"]

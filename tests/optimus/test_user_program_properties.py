@@ -78,6 +78,9 @@ RARE_RULE_SEEDS = (
 EXPERT_RULE_SEEDS = range(50, 60)
 # Seeds whose BatchNorm experts batch_batch_norm batches (train mode: 0, 18, 22; eval: 11)
 BN_RULE_SEEDS = (0, 11, 18, 22)
+# Seeds with RecBole-style field input layers (``field_cat``): each spelling unsqueeze_cat rewrites
+# (columns 2, fresh 8, rows 9) and the ones it must leave (other_dim 4, mixed 19)
+FIELD_RULE_SEEDS = (2, 4, 8, 9, 19)
 
 
 @st.composite
@@ -214,6 +217,7 @@ def test_generated_programs_exercise_the_rules() -> None:
     wanted += ("batch_size1_linear", "batch_embedding", "matmul_as_linear", "functionalize_inplace")
     wanted += ("stack_cast_pieces", "cat_gather")  # DeepCTR's input layer, PNN's pairwise products
     wanted += ("embedding_index_select",)  # that input layer's batched lookup, at batch 48
+    wanted += ("unsqueeze_cat",)  # RecBole's field input layer
     for rule in (*wanted, "split_cat", "stack_unbind", "normalize_split_cat", "cse", "dce"):
         assert fired.get(rule, 0) > 0, (rule, fired)
 
@@ -259,6 +263,24 @@ def test_generated_programs_reach_batch_batch_norm_and_keep_parity() -> None:
     assert failures == []
     assert modes == {True, False}
     assert fired["optimize"] > 0 and fired["relayout"] > 0, fired
+
+
+def test_generated_field_input_layers_reach_unsqueeze_cat_and_keep_parity() -> None:
+    """The generator's RecBole input layers (``cat([s[:, j].unsqueeze(1) ..], 1)`` and its
+    spellings) are what unsqueeze_cat rewrites: on fixed seeds it fires where every input is
+    unsqueezed on the cat's dim, and the caller sees what eager gives on every path the fuzz runner
+    checks, the spellings it must leave included."""
+    fired: dict[int, int] = {}
+    failures: list[str] = []
+    for seed in FIELD_RULE_SEEDS:
+        spec = random_spec(seed)
+        for path, result in check(spec, ("optimize", "default", "relayout", "backend")).items():
+            failures += [f"{seed} {path}: {m}" for m in result.mismatches]
+            if path == "optimize":
+                fired[seed] = result.fired.get("unsqueeze_cat", 0)
+    assert failures == []
+    assert all(fired[seed] > 0 for seed in (2, 8, 9)), fired
+    assert fired[4] == fired[19] == 0, fired  # their only field layer is one the rule must leave
 
 
 # ---------------------------------------------------------------------------------------------
