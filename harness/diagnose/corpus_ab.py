@@ -17,7 +17,7 @@ below 0.98x and how many are below it with their whole 95% interval.
 (``--confirm-processes``, 2 by default; its file goes to ``DIR/ab/confirm/``), and is judged by
 that figure. WHY: each ``ab`` here runs one worker process per mode, so its interval covers the
 rounds, not the compiles, and two compiled processes of one graph can differ by several percent
-on this CPU (7.8% and 13.7% on the two xDeepFM training cells). A cell one slow process put below 0.98x cannot be told
+on this CPU (7.8% on recbole.xDeepFM training, 22.2% on deepctr.DIFM inference). A cell one slow process put below 0.98x cannot be told
 from a slower rewrite without a second process. Only the cells below the line are measured again
 (each costs two more compiles a mode), so the check is one-sided: a cell one fast process put
 above the line is not. The per-zoo medians stay those of the first figures, every cell measured

@@ -204,7 +204,7 @@ def _process_line(doc: dict[str, Any]) -> str:
     """How far each mode's worker processes differed, or why that is unknown.
 
     WHY printed with every ``ab``: two compiled processes of one graph can differ by several
-    percent on a CPU (13.7% on deepctr.xDeepFM training here), more than the interval above,
+    percent on a CPU (22.2% on deepctr.DIFM inference here), more than the interval above,
     which covers the rounds of these processes only. A reader of a one-process figure near a line needs
     to know that it holds one compile a mode."""
     if doc["config"].get("processes", 1) < 2:
